@@ -1,0 +1,42 @@
+"""cas_checkpoint: checkpoints of AI agents in a content-addressed object store.
+
+    >>> from cas_checkpoint import CheckpointStore
+    >>> store = CheckpointStore.open("memory://doc")
+    >>> c1 = store.save("thread-1", {"messages": ["hi"], "step": 1})
+    >>> store.load("thread-1").state
+    {'messages': ['hi'], 'step': 1}
+"""
+
+from .codec import TypeRegistry
+from .errors import (
+    CasError,
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+    StorageError,
+    UnsafeStorageError,
+)
+from .objects import CheckpointId, ObjectId
+from .store import Checkpoint, CheckpointInfo, CheckpointStore
+
+__all__ = [
+    "CasError",
+    "Checkpoint",
+    "CheckpointId",
+    "CheckpointInfo",
+    "CheckpointStore",
+    "ConflictError",
+    "FormatError",
+    "IntegrityError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ObjectId",
+    "SerializationError",
+    "StorageError",
+    "TypeRegistry",
+    "UnsafeStorageError",
+]
+__version__ = "0.1.0"

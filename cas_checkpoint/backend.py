@@ -1,0 +1,395 @@
+"""The few storage primitives cas_checkpoint needs, over fsspec filesystems.
+
+Keys are ``/``-separated paths relative to the store's root. Two families of keys:
+
+* immutable objects (``objects/ab/cdef...``): ``get``, ``get_many``, ``put_many`` (create if
+  absent; an existing object is left as it is, since its content is the same by construction);
+* mutable refs (``refs/...``): ``read_ref`` returns the bytes together with a version token and
+  ``write_ref``/``delete_ref`` succeed only if the ref still has the expected version
+  (compare-and-swap). A ``RefMismatch`` tells the caller to re-read and try again.
+
+Implementations: ``LocalBackend`` (plain ``os`` calls: temp file + fsync + ``os.link`` or
+``os.replace``, and an ``flock`` per ref, which the kernel releases when a holder dies),
+``MemoryBackend`` (fsspec's process-wide ``memory://``), and ``S3Backend`` in ``backend_s3.py``
+(conditional PUTs).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import blake3
+
+from .errors import InvalidArgumentError, NotFoundError, StorageError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class RefMismatch(Exception):
+    """Internal: a compare-and-swap found another version than expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch, by the storage's own clock
+
+
+class Backend(ABC):
+    """Storage primitives. Every method is safe to call from several threads."""
+
+    url: str
+    concurrency: int = 16
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The bytes of ``key``; NotFoundError if it does not exist."""
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Read several keys concurrently; a missing key maps to None."""
+        keys = list(dict.fromkeys(keys))
+
+        def one(key: str) -> bytes | None:
+            try:
+                return self.get(key)
+            except NotFoundError:
+                return None
+
+        if len(keys) <= 1:
+            return {k: one(k) for k in keys}
+        with ThreadPoolExecutor(min(self.concurrency, len(keys))) as pool:
+            return dict(zip(keys, pool.map(one, keys), strict=True))
+
+    @abstractmethod
+    def put_many(self, items: dict[str, bytes]) -> None:
+        """Create each key that does not exist yet, completely or not at all."""
+
+    @abstractmethod
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        """(bytes, version) of a ref, or None if it does not exist."""
+
+    @abstractmethod
+    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+        """Replace the ref if its version is ``expected`` (None: create it only if absent).
+        Returns the new version; raises RefMismatch otherwise."""
+
+    @abstractmethod
+    def delete_ref(self, key: str, expected: str) -> None:
+        """Delete the ref if its version is ``expected``; RefMismatch otherwise."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every key under ``prefix`` (a folder), with size and modified time."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete keys; missing keys are ignored."""
+
+
+def _version(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+# --- local directory ---------------------------------------------------------------------------
+
+
+class LocalBackend(Backend):
+    """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the store directory {self.root}: {exc.strerror}; check the path "
+                "and its permissions"
+            ) from exc
+        if not os.path.isdir(self.root):
+            raise StorageError(f"{self.root} exists and is not a directory; choose another path")
+        self._dirs_made: set[str] = set()
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} does not exist in {self.root}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} in {self.root}: {exc}") from exc
+
+    def _makedirs(self, folder: str) -> None:
+        if folder not in self._dirs_made:
+            os.makedirs(folder, exist_ok=True)
+            self._dirs_made.add(folder)
+
+    def _write_tmp(self, path: str, data: bytes) -> str:
+        folder = os.path.dirname(path)
+        self._makedirs(folder)
+        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    @staticmethod
+    def _fsync_dir(folder: str) -> None:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _put_one(self, key: str, data: bytes) -> str | None:
+        path = self._path(key)
+        if os.path.exists(path):
+            os.utime(path)  # a reused object is fresh again for the GC grace period
+            return None
+        tmp = self._write_tmp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        return os.path.dirname(path)
+
+    def put_many(self, items: dict[str, bytes]) -> None:
+        try:
+            if len(items) <= 2:
+                folders = [self._put_one(k, v) for k, v in items.items()]
+            else:
+                with ThreadPoolExecutor(min(self.concurrency, len(items))) as pool:
+                    folders = list(pool.map(self._put_one, items.keys(), items.values()))
+            for folder in {f for f in folders if f}:
+                self._fsync_dir(folder)
+        except OSError as exc:
+            raise StorageError(f"cannot write objects in {self.root}: {exc}") from exc
+
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            data = self.get(key)
+        except NotFoundError:
+            return None
+        return data, _version(data)
+
+    @contextmanager
+    def _locked(self, path: str) -> Iterator[None]:
+        self._makedirs(os.path.dirname(path))
+        if fcntl is None:  # pragma: no cover
+            raise StorageError("local refs need fcntl.flock, which this platform lacks")
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            yield
+        finally:
+            os.close(fd)
+
+    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+        path = self._path(key)
+        try:
+            with self._locked(path):
+                current = self.read_ref(key)
+                if (current[1] if current else None) != expected:
+                    raise RefMismatch(key)
+                tmp = self._write_tmp(path, data)
+                os.replace(tmp, path)
+                self._fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            raise StorageError(f"cannot update ref {key} in {self.root}: {exc}") from exc
+        return _version(data)
+
+    def delete_ref(self, key: str, expected: str) -> None:
+        path = self._path(key)
+        try:
+            with self._locked(path):
+                current = self.read_ref(key)
+                if current is None or current[1] != expected:
+                    raise RefMismatch(key)
+                os.unlink(path)
+                self._fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            raise StorageError(f"cannot delete ref {key} in {self.root}: {exc}") from exc
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix.rstrip("/"))
+        out = []
+        for folder, _dirs, files in os.walk(base):
+            rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
+            for name in files:
+                if ".tmp-" in name or name.endswith(".lock"):
+                    continue
+                try:
+                    st = os.stat(os.path.join(folder, name))
+                except FileNotFoundError:
+                    continue
+                out.append(ObjectInfo(f"{rel}/{name}", st.st_size, st.st_mtime))
+        return out
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                pass
+
+
+# --- memory:// ---------------------------------------------------------------------------------
+
+
+class MemoryBackend(Backend):
+    """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = "/" + root.strip("/")
+        self.url = "memory://" + self.root
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def get(self, key: str) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} does not exist in {self.url}") from None
+
+    def put_many(self, items: dict[str, bytes]) -> None:
+        with self._lock:
+            for key, data in items.items():
+                path = self._path(key)
+                existing = self.fs.store.get(path)
+                if existing is not None:  # a reused object is fresh again for the GC grace
+                    existing.modified = datetime.now(timezone.utc)
+                else:
+                    self.fs.pipe_file(path, bytes(data))
+
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            try:
+                data = self.get(key)
+            except NotFoundError:
+                return None
+        return data, _version(data)
+
+    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+        with self._lock:
+            current = self.read_ref_unlocked(key)
+            if current != expected:
+                raise RefMismatch(key)
+            self.fs.pipe_file(self._path(key), bytes(data))
+        return _version(data)
+
+    def read_ref_unlocked(self, key: str) -> str | None:
+        try:
+            return _version(self.get(key))
+        except NotFoundError:
+            return None
+
+    def delete_ref(self, key: str, expected: str) -> None:
+        with self._lock:
+            if self.read_ref_unlocked(key) != expected:
+                raise RefMismatch(key)
+            self.fs.rm_file(self._path(key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix.rstrip("/"))
+        with self._lock:
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return []
+            out = []
+            for path, info in found.items():
+                f = self.fs.store.get(path)
+                when = getattr(f, "modified", None) or info.get("created")
+                mtime = when.timestamp() if isinstance(when, datetime) else time.time()
+                out.append(ObjectInfo(path[len(self.root) + 1:], int(info.get("size") or 0),
+                                      mtime))
+        return out
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                try:
+                    self.fs.rm_file(self._path(key))
+                except FileNotFoundError:
+                    pass
+
+
+# --- opening -----------------------------------------------------------------------------------
+
+
+def open_backend(url: str, storage_options: dict[str, Any] | None = None,
+                 *, allow_unsafe: bool = False) -> Backend:
+    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidArgumentError("the store URL is empty; pass a directory path, "
+                                   "'memory://name' or 's3://bucket/prefix'")
+    import fsspec
+    from fsspec.core import split_protocol
+
+    protocol, path = split_protocol(url)
+    if protocol in (None, "file", "local"):
+        return LocalBackend(path)
+    try:
+        fs = fsspec.filesystem(protocol, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"cannot open {url!r}: {exc}. For s3:// install the extra: pip install "
+            "'cas_checkpoint[s3]'"
+        ) from exc
+    return backend_for(fs, path, allow_unsafe=allow_unsafe)
+
+
+def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False) -> Backend:
+    """A backend over an fsspec filesystem object and a root path inside it."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols or "local" in protocols:
+        return LocalBackend(root)
+    if "memory" in protocols:
+        return MemoryBackend(fs, root)
+    if "s3" in protocols or "s3a" in protocols:
+        from .backend_s3 import S3Backend
+
+        return S3Backend(fs, root, allow_unsafe=allow_unsafe)
+    raise InvalidArgumentError(
+        f"filesystem {protocols[0]!r} is not supported yet: cas_checkpoint needs atomic "
+        "compare-and-swap for refs, which it implements for local disk, memory:// and s3://"
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A storage error worth retrying (timeouts, resets, 5xx, throttling)."""
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ETIMEDOUT)

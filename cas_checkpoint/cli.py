@@ -1,0 +1,123 @@
+"""The ``cas-checkpoint`` command. It uses only the public API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import CasError, CheckpointStore
+from .store import CheckpointInfo
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _print_history(store: CheckpointStore, thread: str, limit: int | None = None) -> None:
+    head = store.head(thread)
+    print(f"thread {thread!r}: {store.count(thread)} checkpoints")
+    for info in store.history(thread, limit=limit):
+        print("  " + _line(info, info.id == head))
+
+
+def _line(info: CheckpointInfo, is_head: bool) -> str:
+    parts = [info.id[:12], f"step {info.step:>3}", info.created_at.strftime("%H:%M:%S"),
+             _human(info.size).rjust(8)]
+    if info.label:
+        parts.append(f"label={info.label}")
+    if info.tags:
+        parts.append("tags=" + ",".join(info.tags))
+    if info.metadata:
+        parts.append(" ".join(f"{k}={v}" for k, v in info.metadata.items()))
+    return ("* " if is_head else "  ") + "  ".join(parts)
+
+
+def _message(role: str, text: str, **extra: Any) -> dict[str, Any]:
+    return {"role": role, "content": text, **extra}
+
+
+def demo(url: str) -> None:
+    """A small simulated agent: two conversations with tool calls, a fork and a rewind."""
+    store = CheckpointStore.open(url)
+    before = store.storage_bytes()
+    questions = {
+        "support-ticket-1042": ["My export to CSV fails", "It says 'quota exceeded'",
+                                "Can you raise it?"],
+        "research-agent": ["Summarise the BLAKE3 paper", "Compare it with SHA-256",
+                           "Which is faster on ARM?"],
+    }
+    for thread, asks in questions.items():
+        state: dict[str, Any] = {"messages": [_message("system", "You are a helpful agent.")],
+                                 "step": 0}
+        first = store.save(thread, state, label="start", metadata={"phase": "plan"})
+        for i, ask in enumerate(asks, 1):
+            state["messages"].append(_message("user", ask))
+            state["messages"].append(_message(
+                "assistant", "", tool_calls=[{"name": "search", "args": {"q": ask}}]))
+            state["step"] = i
+            store.save(thread, state, tags=["tool"], metadata={"phase": "act"})
+            state["messages"].append(_message("tool", f"results for {ask!r}: " + "lorem " * 60,
+                                              name="search"))
+            state["messages"].append(_message("assistant", f"Answer {i}: done."))
+            store.save(thread, state, label=f"answer-{i}", metadata={"phase": "respond"})
+        assert first.id in {c.id for c in store.history(thread)}
+    # fork the research thread at its first answer, then rewind the ticket by one step
+    answer1 = store.find("research-agent", label="answer-1")[0]
+    store.fork("research-agent", answer1.id, "research-agent/what-if")
+    branch = store.load("research-agent/what-if").state
+    branch["messages"].append(_message("user", "What if we used SHA-3 instead?"))
+    store.save("research-agent/what-if", branch, label="what-if")
+    last_two = store.history("support-ticket-1042", limit=2)
+    store.rewind("support-ticket-1042", last_two[1].id)
+
+    print(f"store: {store.url}\n")
+    for thread in store.threads():
+        _print_history(store, thread)
+        print()
+    after = store.storage_bytes()
+    logical = sum(c.size for t in store.threads() for c in store.history(t))
+    print(f"store size: {_human(after)} on storage ({_human(after - before)} added by this run); "
+          f"states saved: {_human(logical)} if each were a full copy")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cas-checkpoint",
+        description="Checkpoints of AI agents in a content-addressed object store.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="run a small simulated agent into a store and show it")
+    p.add_argument("store", nargs="?", default="./.cas-demo",
+                   help="store URL or directory (default ./.cas-demo)")
+    p = sub.add_parser("log", help="print the history of a thread")
+    p.add_argument("store")
+    p.add_argument("thread")
+    p.add_argument("-n", "--limit", type=int, default=None)
+    p = sub.add_parser("threads", help="list the threads of a store")
+    p.add_argument("store")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            demo(args.store)
+        elif args.command == "log":
+            _print_history(CheckpointStore.open(args.store), args.thread, args.limit)
+        elif args.command == "threads":
+            store = CheckpointStore.open(args.store)
+            for thread in store.threads():
+                print(f"{thread}\t{store.count(thread)} checkpoints")
+    except CasError as exc:
+        print(f"cas-checkpoint: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The object kinds stored by cas_checkpoint, as frozen dataclasses, and their byte encodings.
+
+Pure code: no I/O. Every object's name is the BLAKE3 hash (hex) of its bytes.
+
+Every object starts with a 5-byte header: ``b"CAS"``, a kind byte, and a format version.
+
+=====  ===============  ============================================================
+kind   name             body
+=====  ===============  ============================================================
+``N``  state node       varint child count, 32-byte child ids, codec bytes of a value
+``C``  checkpoint       msgpack map: thread, parents, state root, step, time, label...
+``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
+``H``  thread head      msgpack map: head id, entry count, tail entries, segment peaks
+=====  ===============  ============================================================
+
+Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap);
+nodes, checkpoint records and segments are immutable objects under ``objects/``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+import blake3
+import msgpack
+
+from .errors import FormatError
+
+ObjectId = NewType("ObjectId", str)
+"""64 lowercase hex digits: the BLAKE3 hash of an object's bytes."""
+CheckpointId = NewType("CheckpointId", str)
+"""The ObjectId of a checkpoint record."""
+
+VERSION = 1
+NODE, RECORD, SEGMENT, HEAD = b"N", b"C", b"L", b"H"
+_HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD)}
+_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_META_BYTES = 64 * 1024
+
+
+def object_id(data: bytes | memoryview) -> ObjectId:
+    """The BLAKE3 name of ``data``."""
+    return ObjectId(blake3.blake3(data).hexdigest())
+
+
+def is_object_id(text: object) -> bool:
+    return isinstance(text, str) and _ID_RE.match(text) is not None
+
+
+def object_kind(data: bytes | memoryview) -> bytes:
+    """The kind byte of an encoded object; FormatError if the header is wrong."""
+    head = bytes(data[:5])
+    if len(head) < 5 or head[:3] != b"CAS" or head[3:4] not in _HEADERS:
+        raise FormatError(
+            f"not a cas_checkpoint object (header {head!r}); the object is corrupt or was not "
+            "written by cas_checkpoint"
+        )
+    if head[4] != VERSION:
+        raise FormatError(
+            f"object format version {head[4]} is not supported by this version of "
+            "cas_checkpoint; upgrade the package"
+        )
+    return head[3:4]
+
+
+def _unpack_body(data: bytes | memoryview, kind: bytes) -> Any:
+    if object_kind(data) != kind:
+        raise FormatError(f"expected an object of kind {kind!r}, found {object_kind(data)!r}")
+    try:
+        return msgpack.unpackb(
+            data[5:], raw=False, strict_map_key=True, max_ext_len=0, use_list=True
+        )
+    except Exception as exc:  # msgpack raises many types on hostile input
+        raise FormatError(
+            f"cannot decode {kind.decode()} object: {exc}; the object is corrupt or was not "
+            "written by cas_checkpoint"
+        ) from None
+
+
+def _pack(kind: bytes, body: Any) -> bytes:
+    return _HEADERS[kind] + msgpack.packb(body, use_bin_type=True)
+
+
+def _bad(what: str) -> FormatError:
+    return FormatError(f"malformed object: {what}; the object is corrupt or was not written by "
+                       "cas_checkpoint")
+
+
+def _hex_ids(value: object, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, bytes) and len(v) == 32 for v in value):
+        raise _bad(f"{what} must be a list of 32-byte ids")
+    return tuple(v.hex() for v in value)
+
+
+def _bin_id(value: str) -> bytes:
+    return bytes.fromhex(value)
+
+
+# --- state nodes -----------------------------------------------------------------------------
+
+
+def encode_node(payload: bytes, children: tuple[str, ...] = ()) -> bytes:
+    """A state node: ``payload`` is codec bytes that may refer to ``children`` by index."""
+    out = bytearray(_HEADERS[NODE])
+    n = len(children)
+    while True:  # LEB128 varint
+        byte = n & 0x7F
+        n >>= 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    for child in children:
+        out += _bin_id(child)
+    out += payload
+    return bytes(out)
+
+
+def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryview]:
+    """(child ids, payload view) of an encoded node."""
+    if object_kind(data) != NODE:
+        raise _bad("expected a state node")
+    view = memoryview(data)
+    pos, shift, count = 5, 0, 0
+    while True:
+        if pos >= len(view) or shift > 35:
+            raise _bad("truncated node header")
+        byte = view[pos]
+        pos += 1
+        count |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    end = pos + 32 * count
+    if end > len(view):
+        raise _bad(f"node names {count} children but is only {len(view)} bytes long")
+    children = tuple(ObjectId(bytes(view[i : i + 32]).hex()) for i in range(pos, end, 32))
+    return children, view[end:]
+
+
+# --- log entries and checkpoint records --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """What a thread's ref log knows of one checkpoint: enough for history/find/count."""
+
+    id: CheckpointId
+    parents: tuple[CheckpointId, ...]
+    step: int
+    created_at: float  # seconds since the epoch, UTC
+    size: int  # encoded state bytes
+    label: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def pack(self) -> list[Any]:
+        return [
+            _bin_id(self.id),
+            [_bin_id(p) for p in self.parents],
+            self.step,
+            self.created_at,
+            self.size,
+            self.label,
+            list(self.tags),
+            self.metadata,
+        ]
+
+    @staticmethod
+    def unpack(raw: object) -> LogEntry:
+        if not isinstance(raw, list) or len(raw) != 8:
+            raise _bad("log entry must be an 8-item list")
+        cid, parents, step, created, size, label, tags, meta = raw
+        if not isinstance(cid, bytes) or len(cid) != 32:
+            raise _bad("log entry id must be 32 bytes")
+        _check_fields(step, created, size, label, tags, meta)
+        return LogEntry(
+            CheckpointId(cid.hex()),
+            tuple(CheckpointId(p) for p in _hex_ids(parents, "parents")),
+            step, float(created), size, label, tuple(tags), meta,
+        )
+
+
+def _check_fields(step: object, created: object, size: object, label: object, tags: object,
+                  meta: object) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _bad("step must be a non-negative int")
+    if not isinstance(created, (int, float)) or isinstance(created, bool):
+        raise _bad("created_at must be a number")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _bad("size must be a non-negative int")
+    if label is not None and not isinstance(label, str):
+        raise _bad("label must be a string or nil")
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise _bad("tags must be a list of strings")
+    if not isinstance(meta, dict):
+        raise _bad("metadata must be a map")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A checkpoint record. Its ObjectId is the checkpoint id; it names parents and state root
+    by hash, so an id covers the whole history behind it."""
+
+    thread_id: str
+    parents: tuple[CheckpointId, ...]
+    root: ObjectId
+    step: int
+    created_at: float
+    size: int
+    label: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _pack(RECORD, {
+            "t": self.thread_id,
+            "p": [_bin_id(p) for p in self.parents],
+            "r": _bin_id(self.root),
+            "n": self.step,
+            "c": self.created_at,
+            "z": self.size,
+            "l": self.label,
+            "g": list(self.tags),
+            "m": self.metadata,
+        })
+
+    def entry(self, cid: CheckpointId) -> LogEntry:
+        return LogEntry(cid, self.parents, self.step, self.created_at, self.size, self.label,
+                        self.tags, self.metadata)
+
+    @staticmethod
+    def decode(data: bytes | memoryview) -> Record:
+        body = _unpack_body(data, RECORD)
+        if not isinstance(body, dict) or set(body) != set("tprnczlgm"):
+            raise _bad("checkpoint record must be a map with keys t,p,r,n,c,z,l,g,m")
+        thread, root = body["t"], body["r"]
+        if not isinstance(thread, str):
+            raise _bad("record thread must be a string")
+        if not isinstance(root, bytes) or len(root) != 32:
+            raise _bad("record state root must be 32 bytes")
+        _check_fields(body["n"], body["c"], body["z"], body["l"], body["g"], body["m"])
+        return Record(
+            thread,
+            tuple(CheckpointId(p) for p in _hex_ids(body["p"], "parents")),
+            ObjectId(root.hex()), body["n"], float(body["c"]), body["z"], body["l"],
+            tuple(body["g"]), body["m"],
+        )
+
+
+# --- ref log segments and heads ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """An immutable piece of a thread's log: level 0 holds entries, higher levels child ids."""
+
+    level: int
+    entries: tuple[LogEntry, ...] = ()
+    children: tuple[ObjectId, ...] = ()
+
+    def encode(self) -> bytes:
+        if self.level == 0:
+            return _pack(SEGMENT, {"v": 0, "e": [e.pack() for e in self.entries]})
+        return _pack(SEGMENT, {"v": self.level, "c": [_bin_id(c) for c in self.children]})
+
+    @staticmethod
+    def decode(data: bytes | memoryview) -> Segment:
+        body = _unpack_body(data, SEGMENT)
+        if not isinstance(body, dict) or not isinstance(body.get("v"), int):
+            raise _bad("segment must be a map with a level")
+        level = body["v"]
+        if level == 0 and isinstance(body.get("e"), list) and len(body) == 2:
+            return Segment(0, entries=tuple(LogEntry.unpack(e) for e in body["e"]))
+        if 0 < level < 64 and len(body) == 2 and "c" in body:
+            return Segment(level, children=tuple(ObjectId(c)
+                                                 for c in _hex_ids(body["c"], "children")))
+        raise _bad("segment has the wrong shape")
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    """A complete segment tree in a head: its root id, level and number of entries."""
+
+    id: ObjectId
+    level: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The mutable ref of one thread: current head, full segment trees (peaks), recent entries."""
+
+    thread_id: str
+    head: CheckpointId | None
+    head_step: int = -1  # step of the head checkpoint, -1 when there is none
+    peaks: tuple[Peak, ...] = ()
+    tail: tuple[LogEntry, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return sum(p.count for p in self.peaks) + len(self.tail)
+
+    def encode(self) -> bytes:
+        return _pack(HEAD, {
+            "t": self.thread_id,
+            "h": None if self.head is None else _bin_id(self.head),
+            "s": self.head_step,
+            "p": [[_bin_id(p.id), p.level, p.count] for p in self.peaks],
+            "e": [e.pack() for e in self.tail],
+        })
+
+    @staticmethod
+    def decode(data: bytes | memoryview) -> Head:
+        body = _unpack_body(data, HEAD)
+        if not isinstance(body, dict) or set(body) != {"t", "h", "s", "p", "e"}:
+            raise _bad("head must be a map with keys t,h,s,p,e")
+        thread, head, peaks, tail = body["t"], body["h"], body["p"], body["e"]
+        step = body["s"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < -1:
+            raise _bad("head step must be an int >= -1")
+        if not isinstance(thread, str):
+            raise _bad("head thread must be a string")
+        if head is not None and (not isinstance(head, bytes) or len(head) != 32):
+            raise _bad("head id must be 32 bytes or nil")
+        if not isinstance(peaks, list) or not isinstance(tail, list):
+            raise _bad("head peaks and tail must be lists")
+        out = []
+        for p in peaks:
+            if (not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], bytes)
+                    or len(p[0]) != 32 or not isinstance(p[1], int) or not isinstance(p[2], int)
+                    or p[2] < 0 or not 0 <= p[1] < 64):
+                raise _bad("head peak must be [32-byte id, level, count]")
+            out.append(Peak(ObjectId(p[0].hex()), p[1], p[2]))
+        return Head(
+            thread,
+            None if head is None else CheckpointId(head.hex()),
+            step,
+            tuple(out),
+            tuple(LogEntry.unpack(e) for e in tail),
+        )

@@ -1,0 +1,370 @@
+"""``CheckpointStore``: the public face of cas_checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import msgpack
+
+from . import tree
+from .backend import Backend, backend_for, open_backend
+from .codec import TypeRegistry
+from .errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+)
+from .objects import (
+    MAX_META_BYTES,
+    CheckpointId,
+    Head,
+    LogEntry,
+    ObjectId,
+    Record,
+    is_object_id,
+    object_id,
+)
+from .objstore import ObjectStore
+from .refs import Ref, RefStore, build, thread_key
+from .refs import append as log_append
+
+log = logging.getLogger("cas_checkpoint")
+log.addHandler(logging.NullHandler())
+
+_UNSET: Any = ...
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """What history/find return: everything about a checkpoint but its state."""
+
+    id: CheckpointId
+    thread_id: str
+    step: int
+    parent_ids: tuple[CheckpointId, ...]
+    created_at: datetime
+    size: int  # encoded state bytes
+    label: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint(CheckpointInfo):
+    """A loaded checkpoint: its info and its state."""
+
+    state: Any = None
+
+
+def _info(entry: LogEntry, thread_id: str) -> CheckpointInfo:
+    return CheckpointInfo(entry.id, thread_id, entry.step, entry.parents,
+                          datetime.fromtimestamp(entry.created_at, UTC), entry.size,
+                          entry.label, entry.tags, entry.metadata)
+
+
+def _check_id(cid: object, what: str = "checkpoint id") -> CheckpointId:
+    if not is_object_id(cid):
+        raise InvalidArgumentError(
+            f"{what} {cid!r} is not a checkpoint id (64 lowercase hex digits, as returned by "
+            "save() or history())"
+        )
+    return CheckpointId(str(cid))
+
+
+def _check_meta(label: object, tags: object, metadata: object) -> tuple[str | None, tuple[str, ...],
+                                                                        dict[str, Any]]:
+    if label is not None and not isinstance(label, str):
+        raise InvalidArgumentError(f"label must be a str or None, not {type(label).__name__}")
+    if isinstance(tags, str) or not isinstance(tags, Iterable):
+        raise InvalidArgumentError("tags must be a list of strings, e.g. tags=['tool']")
+    tags = tuple(tags)
+    if not all(isinstance(t, str) for t in tags):
+        raise InvalidArgumentError("every tag must be a str")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise InvalidArgumentError("metadata must be a dict with str keys")
+    try:
+        packed = msgpack.packb(metadata, strict_types=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(
+            f"metadata must hold JSON-like values (str, int, float, bool, None, list, dict): "
+            f"{exc}; put richer values in the state instead", "metadata") from None
+    if len(packed) > MAX_META_BYTES:
+        raise InvalidArgumentError(
+            f"metadata is {len(packed)} bytes encoded, more than {MAX_META_BYTES}; it is copied "
+            "into the thread's log, so keep it small and put large values in the state"
+        )
+    return label, tags, metadata
+
+
+class CheckpointStore:
+    """Checkpoints of agent state in a content-addressed object store.
+
+    Open one with :meth:`open` (a directory path, ``memory://name``, ``s3://bucket/prefix``) or
+    build it from an fsspec filesystem and a root: ``CheckpointStore(fs, "bucket/prefix")``.
+    """
+
+    def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
+                 allow_unsafe: bool = False) -> None:
+        self._init(backend_for(fs, root, allow_unsafe=allow_unsafe), types)
+
+    @classmethod
+    def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
+             types: Iterable[type] = (), allow_unsafe: bool = False) -> CheckpointStore:
+        """Open (creating if needed) the store at ``url``. ``types`` lists the dataclasses,
+        pydantic models and enums that states may hold; nothing else is ever constructed."""
+        store = cls.__new__(cls)
+        url = str(url) if hasattr(url, "__fspath__") else url
+        store._init(open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe),
+                    types)
+        return store
+
+    def _init(self, backend: Backend, types: Iterable[type]) -> None:
+        self.backend = backend
+        self.objects = ObjectStore(backend)
+        self.refs = RefStore(backend, self.objects)
+        self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
+        self._known: dict[str, Ref] = {}  # last ref this store wrote, per thread
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    # --- writing ---
+
+    def save(self, thread_id: str, state: Any, *, label: str | None = None,
+             tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
+             expected_head: CheckpointId | None = _UNSET) -> CheckpointInfo:
+        """Store ``state`` as the new head of ``thread_id``; its parent is the current head.
+
+        With ``expected_head`` (an id, or None for "the thread must not exist yet") the save
+        raises ConflictError instead of adding to a head that moved."""
+        t0 = time.perf_counter()
+        thread_key(thread_id)
+        label, tags_t, meta = _check_meta(label, tags, metadata)
+        if expected_head is not _UNSET and expected_head is not None:
+            expected_head = _check_id(expected_head, "expected_head")
+        built = tree.build(state, self.types)  # raises before anything is written
+        self.objects.put_many(built.objects)
+        current = self._known.get(thread_id, _UNSET)
+        saved: dict[str, Any] = {}
+
+        def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
+            head = ref.head if ref else Head(thread_id, None)
+            parents = (head.head,) if head.head else ()
+            record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
+                            built.size, label, tags_t, meta)
+            data = record.encode()
+            cid = CheckpointId(object_id(data))
+            self.objects.put_many({ObjectId(cid): data})  # the record before the ref
+            new: dict[ObjectId, bytes] = {}
+            saved["entry"] = entry = record.entry(cid)
+            return log_append(head, entry, new), new
+
+        self._known.pop(thread_id, None)
+        ref = self.refs.update(thread_id, change, expected_head=expected_head, current=current)
+        if ref is not None:
+            self._known[thread_id] = ref
+        entry: LogEntry = saved["entry"]
+        log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
+                  (time.perf_counter() - t0) * 1000)
+        return _info(entry, thread_id)
+
+    # --- reading ---
+
+    def _ref(self, thread_id: str) -> Ref:
+        ref = self.refs.read(thread_id)
+        if ref is None or ref.head.head is None:
+            raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
+                                "threads() lists the threads there are")
+        return ref
+
+    def _entry(self, thread_id: str, head: Head, cid: CheckpointId) -> LogEntry:
+        for entry in self.refs.iter_newest_first(head):
+            if entry.id == cid:
+                return entry
+        raise NotFoundError(
+            f"checkpoint {cid} is not in thread {thread_id!r}; history({thread_id!r}) lists its "
+            "checkpoints, and get(id) loads a checkpoint of any thread"
+        )
+
+    def load(self, thread_id: str, checkpoint_id: CheckpointId | None = None) -> Checkpoint:
+        """The head of ``thread_id``, or one of its checkpoints by id."""
+        t0 = time.perf_counter()
+        head = self._ref(thread_id).head
+        cid = head.head if checkpoint_id is None else _check_id(checkpoint_id)
+        assert cid is not None
+        if checkpoint_id is not None and cid != head.head:
+            self._entry(thread_id, head, cid)
+        cp = self._load(cid, thread_id)
+        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cid, cp.size,
+                  (time.perf_counter() - t0) * 1000)
+        return cp
+
+    def get(self, checkpoint_id: CheckpointId) -> Checkpoint:
+        """Any checkpoint by id alone, whatever its thread."""
+        return self._load(_check_id(checkpoint_id), None)
+
+    def _load(self, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
+        try:
+            record = Record.decode(self.objects.get(cid))
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
+        state = tree.load(record.root, self.objects.get_many, self.types)
+        return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
+                          datetime.fromtimestamp(record.created_at, UTC), record.size,
+                          record.label, record.tags, record.metadata, state)
+
+    def history(self, thread_id: str, *, limit: int | None = None,
+                before: CheckpointId | None = None) -> list[CheckpointInfo]:
+        """Checkpoints of a thread, newest first (by when they were added), without states.
+        ``before`` starts just after that checkpoint."""
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError("limit must be a non-negative int or None")
+        head = self._ref(thread_id).head
+        out: list[CheckpointInfo] = []
+        skipping = before is not None
+        if before is not None:
+            before = _check_id(before, "before")
+        for entry in self.refs.iter_newest_first(head):
+            if limit is not None and len(out) >= limit:
+                break
+            if skipping:
+                skipping = entry.id != before
+                continue
+            out.append(_info(entry, thread_id))
+        if skipping:
+            raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
+        return out
+
+    def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
+             metadata: Mapping[str, Any] | None = None) -> list[CheckpointInfo]:
+        """Checkpoints (newest first) with this label, this tag and these metadata values."""
+        out = []
+        for entry in self.refs.iter_newest_first(self._ref(thread_id).head):
+            if label is not None and entry.label != label:
+                continue
+            if tag is not None and tag not in entry.tags:
+                continue
+            if metadata and any(entry.metadata.get(k, _UNSET) != v for k, v in metadata.items()):
+                continue
+            out.append(_info(entry, thread_id))
+        return out
+
+    def threads(self) -> list[str]:
+        """Every thread in the store, sorted."""
+        return self.refs.threads()
+
+    def count(self, thread_id: str) -> int:
+        """Number of checkpoints in a thread (from its head alone)."""
+        return self._ref(thread_id).head.count
+
+    def head(self, thread_id: str) -> CheckpointId | None:
+        """The head checkpoint id of a thread, or None if the thread does not exist."""
+        ref = self.refs.read(thread_id)
+        return ref.head.head if ref else None
+
+    # --- history edits (they change refs only; gc reclaims the objects) ---
+
+    def fork(self, thread_id: str, checkpoint_id: CheckpointId,
+             new_thread_id: str) -> CheckpointInfo:
+        """Start ``new_thread_id`` at a checkpoint of ``thread_id``, with its ancestry as
+        history. No state is copied."""
+        cid = _check_id(checkpoint_id)
+        thread_key(new_thread_id)
+        entries = self.refs.entries(self._ref(thread_id).head)
+        by_id = {e.id: e for e in entries}
+        if cid not in by_id:
+            self._entry(thread_id, Head(thread_id, None), cid)
+        keep: set[str] = set()
+        todo = [cid]
+        while todo:
+            c = todo.pop()
+            if c in by_id and c not in keep:
+                keep.add(c)
+                todo.extend(by_id[c].parents)
+        kept = [e for e in entries if e.id in keep]
+
+        def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
+            new: dict[ObjectId, bytes] = {}
+            return build(new_thread_id, kept, cid, new), new
+
+        if self.refs.read(new_thread_id) is not None:
+            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
+                                       "fork into another name")
+        self.refs.update(new_thread_id, change, expected_head=None, current=None)
+        log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
+        return _info(by_id[cid], new_thread_id)
+
+    def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
+               expected_head: CheckpointId | None = _UNSET) -> CheckpointInfo:
+        """Move the head back to a checkpoint; checkpoints added after it leave the thread."""
+        cid = _check_id(checkpoint_id)
+        found: dict[str, LogEntry] = {}
+
+        def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
+            if ref is None or ref.head.head is None:
+                raise NotFoundError(f"thread {thread_id!r} does not exist")
+            entries = self.refs.entries(ref.head)
+            ids = [e.id for e in entries]
+            if cid not in ids:
+                self._entry(thread_id, Head(thread_id, None), cid)
+            kept = entries[: ids.index(cid) + 1]
+            found["entry"] = kept[-1]
+            new: dict[ObjectId, bytes] = {}
+            return build(thread_id, kept, cid, new), new
+
+        self._known.pop(thread_id, None)
+        self.refs.update(thread_id, change, expected_head=expected_head,
+                         current=self._ref(thread_id))
+        log.info("rewind %r to %s", thread_id, cid)
+        return _info(found["entry"], thread_id)
+
+    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
+        """Remove one checkpoint from a thread. If it was the head, the head moves to its
+        parent (or the newest remaining checkpoint); the last one removed deletes the thread."""
+        cid = _check_id(checkpoint_id)
+
+        def change(ref: Ref | None) -> tuple[Head | None, dict[ObjectId, bytes]]:
+            if ref is None or ref.head.head is None:
+                raise NotFoundError(f"thread {thread_id!r} does not exist")
+            entries = self.refs.entries(ref.head)
+            gone = next((e for e in entries if e.id == cid), None)
+            if gone is None:
+                self._entry(thread_id, Head(thread_id, None), cid)
+            assert gone is not None
+            kept = [e for e in entries if e.id != cid]
+            if not kept:
+                return None, {}
+            head_id = ref.head.head
+            if head_id == cid:
+                ids = {e.id for e in kept}
+                head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
+            new: dict[ObjectId, bytes] = {}
+            return build(thread_id, kept, head_id, new), new
+
+        self._known.pop(thread_id, None)
+        self.refs.update(thread_id, change, current=self._ref(thread_id))
+        log.info("delete %s from %r", cid, thread_id)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Remove a thread's ref; its objects stay until gc."""
+        self._known.pop(thread_id, None)
+        self.refs.update(thread_id, lambda ref: (None, {}), current=self._ref(thread_id))
+        log.info("delete thread %r", thread_id)
+
+    # --- sizes ---
+
+    def storage_bytes(self) -> int:
+        """Bytes stored under the root (objects and refs)."""
+        return sum(i.size for i in self.backend.list("objects")) + sum(
+            i.size for i in self.backend.list("refs"))

@@ -1,0 +1,337 @@
+"""Contract tests for CheckpointStore, run against memory://, a local directory and S3 (moto)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import uuid
+from datetime import date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import (
+    CasError,
+    CheckpointStore,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+    StorageError,
+)
+from cas_checkpoint.objects import NODE, RECORD, object_kind
+
+
+def objects_of(store: CheckpointStore, kind: bytes | None = None) -> list[str]:
+    keys = [i.key for i in store.backend.list("objects")]
+    if kind is None:
+        return keys
+    got = store.backend.get_many(keys)
+    return [k for k in keys if object_kind(got[k] or b"") == kind]
+
+
+def msgs(n: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"message {i}"} for i in range(n)],
+            "step": n}
+
+
+def test_save_load_roundtrip_and_fields(store: CheckpointStore) -> None:
+    c1 = store.save("thread-1", msgs(1), label="after-search", tags=["tool"],
+                    metadata={"phase": "execute"})
+    c2 = store.save("thread-1", msgs(2))
+    cp = store.load("thread-1")
+    assert cp.id == c2.id and cp.state == msgs(2) and cp.thread_id == "thread-1"
+    assert cp.parent_ids == (c1.id,) and cp.step == c1.step + 1
+    old = store.load("thread-1", c1.id)
+    assert old.state == msgs(1)
+    assert (old.label, old.tags, old.metadata) == ("after-search", ("tool",), {"phase": "execute"})
+    assert old.parent_ids == () and old.step == 0
+    assert old.created_at.tzinfo is not None
+    assert abs(old.created_at - datetime.now(timezone.utc)) < timedelta(minutes=5)
+    assert old.size > 0 and old.size < cp.size
+    assert store.get(c1.id).state == msgs(1)
+    assert store.get(c2.id).thread_id == "thread-1"
+
+
+RICH = {
+    "none": None, "t": True, "f": False, "int": -7, "big": 2**100, "neg": -(2**90),
+    "float": 1.5, "str": "héllo ✓", "bytes": b"\x00\xff", "list": [1, [2, 3]],
+    "tuple": (1, (2, "x")), "set": {1, 2, 3}, "fs": frozenset({"a", "b"}),
+    (1, 2): "tuple key", 3: "int key",
+    "dt": datetime(2026, 11, 22, 10, 30, 5, 123456, tzinfo=timezone(timedelta(hours=2))),
+    "naive": datetime(2020, 1, 1, 0, 0, 0, 1), "date": date(2026, 1, 2),
+    "time": time(12, 30, 1, 999), "td": timedelta(days=2, microseconds=5),
+    "uuid": uuid.UUID("12345678-1234-5678-1234-567812345678"), "dec": Decimal("3.14159"),
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def test_every_value_type_roundtrips_through_the_store(store: CheckpointStore) -> None:
+    store.save("types", RICH)
+    assert _same(store.load("types").state, RICH)
+
+
+@dataclasses.dataclass
+class AgentState:
+    messages: list[str]
+    step: int
+
+
+def test_registered_dataclass_and_unregistered_error(make_store: Any) -> None:
+    typed = make_store(types=[AgentState])
+    typed.save("t", {"s": AgentState(["hi"], 3)})
+    got = typed.load("t").state["s"]
+    assert type(got) is AgentState and got == AgentState(["hi"], 3)
+    plain = make_store()
+    before = objects_of(plain)
+    with pytest.raises(SerializationError) as err:
+        plain.save("t", {"s": AgentState(["hi"], 3)})
+    assert 'state["s"]' in str(err.value)
+    assert objects_of(plain) == before and plain.threads() == []
+
+
+def test_unencodable_value_names_its_path_and_writes_nothing(store: CheckpointStore) -> None:
+    store.save("t", msgs(1))
+    before, head = sorted(objects_of(store)), store.head("t")
+    with pytest.raises(SerializationError) as err:
+        store.save("t", {"tools": ["a", "b", lambda: 1]})
+    assert 'state["tools"][2]' in str(err.value)
+    assert isinstance(err.value, TypeError) and isinstance(err.value, CasError)
+    assert sorted(objects_of(store)) == before and store.head("t") == head
+
+
+def test_history_newest_first_limit_before(store: CheckpointStore) -> None:
+    ids = [store.save("h", msgs(i)).id for i in range(5)]
+    assert [c.id for c in store.history("h")] == ids[::-1]
+    assert [c.id for c in store.history("h", limit=2)] == ids[:-3:-1]
+    assert [c.id for c in store.history("h", before=ids[3], limit=2)] == [ids[2], ids[1]]
+    assert store.count("h") == 5
+    with pytest.raises(NotFoundError):
+        store.history("h", before="0" * 64)
+
+
+def test_history_find_count_read_no_state_or_record(store: CheckpointStore) -> None:
+    for i in range(40):  # more than one log segment
+        store.save("h", msgs(i), label="even" if i % 2 == 0 else None, tags=[f"t{i % 3}"],
+                   metadata={"i": i})
+    # remove every record and state node: the refs alone must answer
+    other = CheckpointStore.open(store.url, storage_options=_options(store))
+    doomed = objects_of(other, NODE) + objects_of(other, RECORD)
+    other.backend.delete_many(doomed)
+    other.objects.forget(k.replace("objects/", "").replace("/", "") for k in doomed)
+    assert len(other.history("h")) == 40 and other.count("h") == 40
+    assert [c.metadata["i"] for c in other.find("h", label="even")] == list(range(38, -1, -2))
+    assert len(other.find("h", tag="t1", metadata={"i": 4})) == 1
+    assert other.find("h", tag="t1", metadata={"i": 5}) == []
+    with pytest.raises(NotFoundError):
+        other.load("h")
+
+
+def _options(store: CheckpointStore) -> dict[str, Any] | None:
+    fs = getattr(store.backend, "fs", None)
+    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
+
+
+def test_long_thread_keeps_head_small_and_history_exact(store: CheckpointStore) -> None:
+    n = 300 if not store.url.startswith("s3") else 120
+    ids = [store.save("long", {"i": i}).id for i in range(n)]
+    assert store.count("long") == n
+    assert [c.id for c in store.history("long")] == ids[::-1]
+    ref = store.backend.read_ref("refs/heads/" + _key("long"))
+    assert ref is not None and len(ref[0]) < 8 * 1024
+    assert store.load("long", ids[0]).state == {"i": 0}
+    assert [c.step for c in store.history("long", limit=3)] == [n - 1, n - 2, n - 3]
+
+
+def _key(thread: str) -> str:
+    from cas_checkpoint.refs import thread_key
+    return thread_key(thread).rsplit("/", 1)[1]
+
+
+def test_find_by_label_tag_metadata(store: CheckpointStore) -> None:
+    a = store.save("f", msgs(1), label="after-search", tags=["tool"], metadata={"phase": "execute"})
+    b = store.save("f", msgs(2), tags=["tool", "x"], metadata={"phase": "plan"})
+    assert [c.id for c in store.find("f", label="after-search")] == [a.id]
+    assert [c.id for c in store.find("f", tag="tool")] == [b.id, a.id]
+    assert [c.id for c in store.find("f", tag="tool", metadata={"phase": "execute"})] == [a.id]
+    assert store.find("f", label="nope") == []
+
+
+def test_fork_shares_state_and_starts_at_checkpoint(store: CheckpointStore) -> None:
+    c0 = store.save("t1", msgs(1))
+    c1 = store.save("t1", msgs(2))
+    store.save("t1", msgs(3))
+    nodes = sorted(objects_of(store, NODE))
+    info = store.fork("t1", c1.id, "t2")
+    assert info.id == c1.id
+    assert sorted(objects_of(store, NODE)) == nodes  # no state copied
+    assert store.load("t2").id == c1.id and store.load("t2").state == msgs(2)
+    assert [c.id for c in store.history("t2")] == [c1.id, c0.id]
+    c3 = store.save("t2", msgs(5))
+    assert c3.parent_ids == (c1.id,)
+    assert store.count("t1") == 3 and store.count("t2") == 3
+    with pytest.raises(InvalidArgumentError):
+        store.fork("t1", c1.id, "t2")  # exists
+    with pytest.raises(NotFoundError):
+        store.fork("t1", "a" * 64, "t3")
+    assert "t3" not in store.threads()
+
+
+def test_rewind_drops_later_checkpoints(store: CheckpointStore) -> None:
+    c1 = store.save("r", msgs(1))
+    c2 = store.save("r", msgs(2))
+    c3 = store.save("r", msgs(3))
+    store.rewind("r", c1.id)
+    assert store.load("r").id == c1.id and store.count("r") == 1
+    for gone in (c2, c3):
+        with pytest.raises(NotFoundError):
+            store.load("r", gone.id)
+    c4 = store.save("r", msgs(4))
+    assert c4.parent_ids == (c1.id,)
+    assert store.get(c2.id).state == msgs(2)  # objects stay until gc
+
+
+def test_delete_checkpoint_and_thread(store: CheckpointStore) -> None:
+    c1 = store.save("d", msgs(1))
+    c2 = store.save("d", msgs(2))
+    c3 = store.save("d", msgs(3))
+    store.delete("d", c2.id)
+    assert [c.id for c in store.history("d")] == [c3.id, c1.id]
+    store.delete("d", c3.id)  # the head: back to its parent if still there, else newest
+    assert store.head("d") == c1.id
+    store.save("e", msgs(1))
+    store.delete_thread("e")
+    assert store.threads() == ["d"]
+    with pytest.raises(NotFoundError):
+        store.load("e")
+    store.delete("d", c1.id)  # the last one deletes the thread
+    assert store.threads() == []
+
+
+def test_expected_head_conflict(store: CheckpointStore) -> None:
+    c1 = store.save("c", msgs(1), expected_head=None)
+    with pytest.raises(ConflictError) as err:
+        store.save("c", msgs(2), expected_head=None)
+    assert err.value.expected is None and err.value.actual == c1.id
+    c2 = store.save("c", msgs(2), expected_head=c1.id)
+    with pytest.raises(ConflictError) as err:
+        store.save("c", msgs(3), expected_head=c1.id)
+    assert (err.value.expected, err.value.actual) == (c1.id, c2.id)
+    assert store.count("c") == 2
+    # a second store instance moves the head; the first one's cache must not hide it
+    other = CheckpointStore.open(store.url, storage_options=_options(store))
+    c3 = other.save("c", msgs(3))
+    c4 = store.save("c", msgs(4), expected_head=c3.id)
+    assert c4.parent_ids == (c3.id,)
+    with pytest.raises(ConflictError):
+        store.rewind("c", c1.id, expected_head=c3.id)
+
+
+def test_identical_states_are_stored_once(store: CheckpointStore) -> None:
+    state = msgs(50)
+    store.save("a", state)
+    n = len(objects_of(store, NODE))
+    store.save("a", state)
+    store.save("b", dict(state))
+    assert len(objects_of(store, NODE)) == n
+
+
+WEIRD = ["../../etc/passwd", "a/b/c", "..", ".", " spaced id ", "ünïcødé ✓ 🧵", "UPPER",
+         "upper", "x" * 128, "with\nnewline", "C:\\windows", "%2e%2e"]
+
+
+def test_thread_ids_are_arbitrary_strings(store: CheckpointStore, tmp_path: Any) -> None:
+    for t in WEIRD:
+        store.save(t, {"t": t})
+    assert store.threads() == sorted(WEIRD)
+    for t in WEIRD:
+        assert store.load(t).state == {"t": t}
+    if store.url.startswith("/"):
+        root = os.path.realpath(store.url)
+        for folder, _, files in os.walk(tmp_path):
+            for f in files:
+                assert os.path.realpath(os.path.join(folder, f)).startswith(root)
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 129, 42, None])
+def test_bad_thread_ids(store: CheckpointStore, bad: Any) -> None:
+    with pytest.raises(InvalidArgumentError):
+        store.save(bad, {})
+    assert store.threads() == []
+
+
+def test_bad_and_unknown_checkpoint_ids(store: CheckpointStore) -> None:
+    c1 = store.save("a", msgs(1))
+    other = store.save("b", msgs(2))
+    head = store.head("a")
+    with pytest.raises(InvalidArgumentError):
+        store.load("a", "not-an-id")
+    with pytest.raises(NotFoundError) as err:
+        store.get("f" * 64)
+    assert isinstance(err.value, KeyError) and "f" * 64 in str(err.value)
+    with pytest.raises(NotFoundError):
+        store.load("a", other.id)  # another thread's checkpoint
+    with pytest.raises(NotFoundError):
+        store.rewind("a", other.id)
+    with pytest.raises(NotFoundError):
+        store.delete("a", other.id)
+    with pytest.raises(NotFoundError):
+        store.load("missing-thread")
+    with pytest.raises(NotFoundError):
+        store.count("missing-thread")
+    assert store.head("a") == head == c1.id and store.count("a") == 1
+    for bad_meta in ({"x": object()}, {1: "int key"}):
+        with pytest.raises((SerializationError, InvalidArgumentError)):
+            store.save("a", {}, metadata=bad_meta)
+    with pytest.raises(InvalidArgumentError):
+        store.save("a", {}, tags="tool")
+    assert store.head("a") == c1.id
+
+
+def test_operations_log(store: CheckpointStore, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="cas_checkpoint"):
+        c = store.save("log", msgs(1))
+        store.load("log")
+        store.fork("log", c.id, "log2")
+    text = caplog.text
+    assert f"save thread='log' id={c.id}" in text and "load thread='log'" in text
+    assert "fork 'log'" in text
+
+
+def test_unreachable_and_bad_urls(tmp_path: Any, moto_server: dict[str, Any]) -> None:
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(StorageError):
+        CheckpointStore.open(str(afile))
+    with pytest.raises(InvalidArgumentError):
+        CheckpointStore.open("")
+    with pytest.raises(InvalidArgumentError):
+        CheckpointStore.open("nosuchproto://x")
+    opts = dict(moto_server["storage_options"])
+    missing = CheckpointStore.open("s3://no-such-bucket-here/x", storage_options=opts)
+    with pytest.raises(StorageError) as err:
+        missing.save("t", {})
+    assert "NoSuchBucket" in str(err.value)
+    dead = dict(opts, client_kwargs={"endpoint_url": "http://127.0.0.1:9"},
+                config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 1})
+    with pytest.raises(StorageError):
+        CheckpointStore.open("s3://cas-test/x", storage_options=dead).threads()
+
+
+def test_store_from_fs_object(tmp_path: Any) -> None:
+    import fsspec
+
+    store = CheckpointStore(fsspec.filesystem("file"), str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    assert CheckpointStore.open(tmp_path / "s").load("t").state == {"a": 1}
