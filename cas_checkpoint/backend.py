@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import blake3
@@ -289,7 +289,7 @@ class MemoryBackend(Backend):
                 path = self._path(key)
                 existing = self.fs.store.get(path)
                 if existing is not None:  # a reused object is fresh again for the GC grace
-                    existing.modified = datetime.now(timezone.utc)
+                    existing.modified = datetime.now(UTC)
                 else:
                     self.fs.pipe_file(path, bytes(data))
 

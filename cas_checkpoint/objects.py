@@ -80,7 +80,8 @@ def _unpack_body(data: bytes | memoryview, kind: bytes) -> Any:
 
 
 def _pack(kind: bytes, body: Any) -> bytes:
-    return _HEADERS[kind] + msgpack.packb(body, use_bin_type=True)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return _HEADERS[kind] + packed
 
 
 def _bad(what: str) -> FormatError:

@@ -362,6 +362,10 @@ class CheckpointStore:
         self.refs.update(thread_id, lambda ref: (None, {}), current=self._ref(thread_id))
         log.info("delete thread %r", thread_id)
 
+    # --- audit (verify.py) ---
+
+    # --- retention and garbage collection (gc.py) ---
+
     # --- sizes ---
 
     def storage_bytes(self) -> int:

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import uuid
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -49,7 +49,7 @@ def test_save_load_roundtrip_and_fields(store: CheckpointStore) -> None:
     assert (old.label, old.tags, old.metadata) == ("after-search", ("tool",), {"phase": "execute"})
     assert old.parent_ids == () and old.step == 0
     assert old.created_at.tzinfo is not None
-    assert abs(old.created_at - datetime.now(timezone.utc)) < timedelta(minutes=5)
+    assert abs(old.created_at - datetime.now(UTC)) < timedelta(minutes=5)
     assert old.size > 0 and old.size < cp.size
     assert store.get(c1.id).state == msgs(1)
     assert store.get(c2.id).thread_id == "thread-1"

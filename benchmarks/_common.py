@@ -1,0 +1,72 @@
+"""Helpers shared by the benchmark scripts: a moto S3 server, workloads, table printing."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[dict[str, Any]]:
+    """A moto S3 server on 127.0.0.1 with a bucket ``bench``; yields s3fs storage options."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+        Bucket="bench")
+    try:
+        yield {"key": "bench", "secret": "bench", "use_listings_cache": False,
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    finally:
+        server.stop()
+
+
+def message(i: int, rng: random.Random, size: int = 380) -> dict[str, Any]:
+    """A chat message of about ``size`` encoded bytes."""
+    words = " ".join(rng.choice(("agent", "tool", "search", "result", "the", "of", "plan", "step",
+                                 "query", "answer")) for _ in range(size // 6))
+    return {"role": ("user", "assistant", "tool")[i % 3], "content": words[: max(size - 60, 10)],
+            "id": f"msg-{i:06d}"}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [" | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                        enumerate(zip(r, widths, strict=True))) for r in cells]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
