@@ -45,13 +45,16 @@ def _message(role: str, text: str, **extra: Any) -> dict[str, Any]:
 def demo(url: str) -> None:
     """A small simulated agent: two conversations with tool calls, a fork and a rewind."""
     store = CheckpointStore.open(url)
-    before = store.storage_bytes()
     questions = {
         "support-ticket-1042": ["My export to CSV fails", "It says 'quota exceeded'",
                                 "Can you raise it?"],
         "research-agent": ["Summarise the BLAKE3 paper", "Compare it with SHA-256",
                            "Which is faster on ARM?"],
     }
+    for thread in [*questions, "research-agent/what-if"]:  # a second run starts afresh
+        if store.head(thread) is not None:
+            store.delete_thread(thread)
+    before = store.storage_bytes()
     for thread, asks in questions.items():
         state: dict[str, Any] = {"messages": [_message("system", "You are a helpful agent.")],
                                  "step": 0}
@@ -81,9 +84,9 @@ def demo(url: str) -> None:
         _print_history(store, thread)
         print()
     after = store.storage_bytes()
-    logical = sum(c.size for t in store.threads() for c in store.history(t))
-    print(f"store size: {_human(after)} on storage ({_human(after - before)} added by this run); "
-          f"states saved: {_human(logical)} if each were a full copy")
+    unique = {c.id: c.size for t in store.threads() for c in store.history(t)}
+    print(f"store size: {_human(after)} on storage ({_human(after - before)} added by this run) "
+          f"for {len(unique)} checkpoints whose states add up to {_human(sum(unique.values()))}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
