@@ -16,7 +16,6 @@ Implementations: ``LocalBackend`` (plain ``os`` calls: temp file + fsync + ``os.
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import threading
@@ -389,7 +388,7 @@ def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False) -> Backend:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """A storage error worth retrying (timeouts, resets, 5xx, throttling)."""
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    return isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ETIMEDOUT)
+    """A storage error worth retrying (timeouts, resets, 5xx, throttling); see ``retry.py``."""
+    from .retry import is_transient as transient
+
+    return transient(exc)

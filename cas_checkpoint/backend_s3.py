@@ -5,42 +5,45 @@
   with ``If-Match: <etag>`` to replace or ``If-None-Match: *`` to create; a 412 is a mismatch;
 * on opening, one probe checks that the endpoint refuses a second ``If-None-Match: *`` PUT;
   without that, two writers could overwrite each other's refs, so writing is refused unless the
-  caller passed ``allow_unsafe=True``.
+  caller passed ``allow_unsafe=True``;
+* transient failures (timeouts, resets, 5xx, throttling) are retried with bounded exponential
+  backoff and jitter; permanent ones (access denied, no such bucket, bad key) fail at once;
+* every ref write carries a unique write id in its user metadata (``x-amz-meta-cas-write-id``).
+  When a conditional PUT fails with a 412 or an ambiguous error (its reply may have been lost,
+  and botocore's own retry of an applied PUT gets a 412), the ref is read again: if it carries
+  our write id, the write was applied and succeeds, instead of being reported as a conflict and
+  appended twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import secrets
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
 from .backend import Backend, ObjectInfo, RefMismatch
 from .errors import CasError, NotFoundError, StorageError, UnsafeStorageError
+from .retry import Backoff, error_code, is_precondition, is_transient
+
+log = logging.getLogger("cas_checkpoint")
+T = TypeVar("T")
+WRITE_ID = "cas-write-id"  # user-metadata key of the write id on every ref write
+_code = error_code
+_is_precondition = is_precondition
 
 
-def _code(exc: BaseException) -> str:
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    response = getattr(cause, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
-def _status(exc: BaseException) -> int:
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    response = getattr(cause, "response", None) or {}
-    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
-
-def _is_precondition(exc: BaseException) -> bool:
-    return isinstance(exc, FileExistsError) or _code(exc) in (
-        "PreconditionFailed", "ConditionalRequestConflict") or _status(exc) in (409, 412)
+def _is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) and _code(exc) != "NoSuchBucket"
 
 
 class S3Backend(Backend):
     concurrency = 32
+    backoff = Backoff()  # our retries, on top of botocore's and s3fs's own
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False) -> None:
         self.fs = fs
@@ -73,23 +76,58 @@ class S3Backend(Backend):
             "NoSuchBucket": "create the bucket or fix the URL",
             "AccessDenied": "check the credentials and the bucket policy",
             "InvalidAccessKeyId": "check the credentials",
+            "SignatureDoesNotMatch": "check the secret key",
         }.get(code, "check the endpoint, credentials and network, then retry")
+        if is_transient(exc):
+            hint = (f"the storage kept failing after {self.backoff.attempts} attempts with "
+                    "backoff (and botocore's own retries); check the endpoint and network, then "
+                    "retry: nothing half-written is ever visible")
         return StorageError(f"{what} failed on {self.url}: {code}: {exc}; {hint}")
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, again after a transient failure (bounded, exponential backoff with
+        jitter); a permanent failure or a precondition failure is raised at once."""
+        for attempt in range(self.backoff.attempts):
+            try:
+                return await call()
+            except Exception as exc:
+                if attempt + 1 >= self.backoff.attempts or not is_transient(exc):
+                    raise
+                log.debug("%s on %s: transient %s: %s; retrying (attempt %d)", what, self.url,
+                          type(exc).__name__, exc, attempt + 1)
+            await asyncio.sleep(self.backoff.delay(attempt))
+        raise AssertionError("unreachable")
+
+    async def _s3(self, method: str, **kw: Any) -> Any:
+        """One S3 call with our retries; idempotent calls only."""
+        return await self._retrying(method, lambda: self.fs._call_s3(method, Bucket=self.bucket,
+                                                                     **kw))
 
     # --- objects ---
 
+    async def _get_object(self, key: str) -> tuple[bytes, str, str] | None:
+        """(body, ETag, write id) of a key read in one GET, or None if it does not exist."""
+        async def once() -> tuple[bytes, str, str] | None:
+            try:
+                resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
+                                              Key=self._key(key))
+            except FileNotFoundError as exc:
+                if _code(exc) == "NoSuchBucket":
+                    raise
+                return None
+            body = resp["Body"]
+            try:  # a reply cut short fails here, and is retried with the request
+                data = bytes(await body.read())
+            finally:
+                body.close()
+            meta = resp.get("Metadata") or {}
+            return data, str(resp["ETag"]), str(meta.get(WRITE_ID, ""))
+
+        return await self._retrying(f"reading {key}", once)
+
     async def _get(self, key: str) -> bytes | None:
-        try:
-            resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
-        except FileNotFoundError as exc:
-            if _code(exc) == "NoSuchBucket":
-                raise self._fail(f"reading {key}", exc) from exc
-            return None
-        body = resp["Body"]
-        try:
-            return bytes(await body.read())
-        finally:
-            body.close()
+        got = await self._get_object(key)
+        return None if got is None else got[0]
 
     def get(self, key: str) -> bytes:
         data = self.get_many([key])[key]
@@ -120,9 +158,8 @@ class S3Backend(Backend):
 
         async def one(key: str, data: bytes) -> None:
             async with sem:
-                try:
-                    await self.fs._call_s3("put_object", Bucket=self.bucket, Key=self._key(key),
-                                           Body=data, IfNoneMatch="*")
+                try:  # idempotent: the same key always gets the same bytes
+                    await self._s3("put_object", Key=self._key(key), Body=data, IfNoneMatch="*")
                 except OSError as exc:
                     if not _is_precondition(exc):
                         raise
@@ -139,72 +176,103 @@ class S3Backend(Backend):
     # --- refs ---
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
-        async def go() -> tuple[bytes, str] | None:
-            try:
-                resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
-                                              Key=self._key(key))
-            except FileNotFoundError as exc:
-                if _code(exc) == "NoSuchBucket":
-                    raise
-                return None
-            body = resp["Body"]
-            try:
-                return bytes(await body.read()), str(resp["ETag"])
-            finally:
-                body.close()
+        try:
+            got = self._run(self._get_object(key))
+        except OSError as exc:
+            raise self._fail(f"reading ref {key}", exc) from exc
+        return None if got is None else (got[0], got[1])
+
+    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+        self._check_safe()
+        wid = secrets.token_hex(12)
+        cond = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+
+        async def go() -> str:
+            failure: BaseException | None = None
+            for attempt in range(self.backoff.attempts):
+                try:
+                    resp = await self.fs._call_s3("put_object", Bucket=self.bucket,
+                                                  Key=self._key(key), Body=data,
+                                                  Metadata={WRITE_ID: wid}, **cond)
+                    return str(resp["ETag"])
+                except Exception as exc:  # 404: If-Match on a deleted key
+                    refused = _is_precondition(exc) or _is_missing(exc)
+                    if not refused and not is_transient(exc):
+                        raise
+                    failure = exc
+                # Refused, or no reply: did our PUT land (a lost reply, retried into a 412)?
+                now = await self._get_object(key)
+                if now is not None and now[2] == wid:
+                    log.debug("ref %s: write %s was applied, its reply was lost", key, wid)
+                    return now[1]
+                if refused or (now[1] if now else None) != expected:
+                    raise RefMismatch(key) from failure
+                if attempt + 1 < self.backoff.attempts:  # not applied, ref unchanged: again
+                    await asyncio.sleep(self.backoff.delay(attempt))
+            assert failure is not None
+            raise failure
 
         try:
             return self._run(go())  # type: ignore[no-any-return]
         except OSError as exc:
-            raise self._fail(f"reading ref {key}", exc) from exc
-
-    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
-        self._check_safe()
-        cond = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
-        try:
-            resp = self._run(self.fs._call_s3("put_object", Bucket=self.bucket,
-                                              Key=self._key(key), Body=data, **cond))
-        except FileNotFoundError as exc:  # If-Match on a deleted key
-            if _code(exc) == "NoSuchBucket":
-                raise self._fail(f"updating ref {key}", exc) from exc
-            raise RefMismatch(key) from exc
-        except OSError as exc:
-            if _is_precondition(exc):
-                raise RefMismatch(key) from exc
             raise self._fail(f"updating ref {key}", exc) from exc
-        return str(resp["ETag"])
 
     def delete_ref(self, key: str, expected: str) -> None:
         self._check_safe()
+
+        async def go() -> None:
+            failure: BaseException | None = None
+            for attempt in range(self.backoff.attempts):
+                try:
+                    await self.fs._call_s3("delete_object", Bucket=self.bucket,
+                                           Key=self._key(key), IfMatch=expected)
+                    return
+                except Exception as exc:
+                    refused = _is_precondition(exc) or _is_missing(exc)
+                    if not refused and not is_transient(exc):
+                        raise
+                    failure = exc
+                now = await self._get_object(key)
+                if now is None:  # gone, as wanted (our delete whose reply was lost, or another)
+                    return
+                if refused or now[1] != expected:
+                    raise RefMismatch(key) from failure
+                if attempt + 1 < self.backoff.attempts:
+                    await asyncio.sleep(self.backoff.delay(attempt))
+            assert failure is not None
+            raise failure
+
         try:
-            self._run(self.fs._call_s3("delete_object", Bucket=self.bucket, Key=self._key(key),
-                                       IfMatch=expected))
-        except FileNotFoundError as exc:
-            raise RefMismatch(key) from exc
+            self._run(go())
         except OSError as exc:
-            if _is_precondition(exc):
-                raise RefMismatch(key) from exc
             raise self._fail(f"deleting ref {key}", exc) from exc
 
     def _check_safe(self) -> None:
         """Once per backend: does the endpoint refuse a second If-None-Match PUT?"""
         if self._safe is not None or self.allow_unsafe:
             return
-        probe = self._key(f"probe/{secrets.token_hex(8)}")
+        name = f"probe/{secrets.token_hex(8)}"
+        probe = self._key(name)
 
-        async def go() -> bool:
-            await self.fs._call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"1",
-                                   IfNoneMatch="*")
+        async def put(body: bytes) -> bool:
+            """True if the PUT was refused because the key exists."""
             try:
-                await self.fs._call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"2",
-                                       IfNoneMatch="*")
-                honoured = False
+                await self._s3("put_object", Key=probe, Body=body, IfNoneMatch="*")
+                return False
             except OSError as exc:
                 if not _is_precondition(exc):
                     raise
-                honoured = True
-            await self.fs._call_s3("delete_object", Bucket=self.bucket, Key=probe)
-            return honoured
+                return True
+
+        async def go() -> bool:
+            await put(b"1")  # refused only when a lost reply was retried: the key is ours
+            refused = await put(b"2")
+            got = await self._get_object(name)
+            try:
+                await self._s3("delete_object", Key=probe)
+            except OSError:
+                pass  # a leftover probe is harmless
+            return refused and got is not None and got[0] == b"1"
 
         try:
             self._safe = bool(self._run(go()))
@@ -228,10 +296,10 @@ class S3Backend(Backend):
             out: list[ObjectInfo] = []
             token: str | None = None
             while True:
-                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+                kw: dict[str, Any] = {"Prefix": full}
                 if token:
                     kw["ContinuationToken"] = token
-                resp = await self.fs._call_s3("list_objects_v2", **kw)
+                resp = await self._s3("list_objects_v2", **kw)
                 for item in resp.get("Contents", []):
                     out.append(ObjectInfo(item["Key"][strip:], int(item["Size"]),
                                           item["LastModified"].timestamp()))
@@ -250,8 +318,7 @@ class S3Backend(Backend):
         async def go() -> None:
             for i in range(0, len(keys), 1000):
                 batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
-                await self.fs._call_s3("delete_objects", Bucket=self.bucket,
-                                       Delete={"Objects": batch, "Quiet": True})
+                await self._s3("delete_objects", Delete={"Objects": batch, "Quiet": True})
 
         try:
             self._run(go())

@@ -130,6 +130,16 @@ class RefStore:
         for peak in reversed(head.peaks):
             yield from reversed(self._read_trees([peak.id]))
 
+    def holds(self, head: Head, entry: LogEntry) -> bool:
+        """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
+        parent (it would come after that)."""
+        for seen in self.iter_newest_first(head):
+            if seen.id == entry.id:
+                return True
+            if seen.id in entry.parents:
+                return False
+        return False
+
     def entries(self, head: Head) -> list[LogEntry]:
         """Every entry, oldest first: one round of parallel reads per tree level."""
         return self._read_trees([p.id for p in head.peaks]) + list(head.tail)
@@ -163,12 +173,16 @@ class RefStore:
         *,
         expected_head: CheckpointId | None | object = ...,
         current: Ref | None | object = ...,
+        done: Callable[[Ref], bool] | None = None,
     ) -> Ref | None:
         """Compare-and-swap loop. ``change`` maps the current ref to a new head (None deletes
         the ref) and the new segments it needs; it is called again after a lost race. With
         ``expected_head``, a head that is not the expected one raises ConflictError.
         ``current`` is a ref the caller believes current (it may be stale: it is only a guess
-        that saves a read). Returns the ref written, or None when it was deleted."""
+        that saves a read). ``done(ref)``, asked after a lost race, says whether ``ref`` already
+        holds the change (our write landed, its reply was lost, and another writer built on
+        it): then the change is not applied twice. Returns the ref written (or the one found
+        holding the change), or None when it was deleted."""
         key = thread_key(thread_id)
         fresh = current is ...
         ref = self.read(thread_id) if fresh else current
@@ -195,6 +209,9 @@ class RefStore:
                 if attempt:
                     time.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 6)))
                 ref, fresh = self.read(thread_id), True
+                if done is not None and ref is not None and done(ref):
+                    log.debug("ref %s already holds our change (a lost reply)", key)
+                    return ref
         raise StorageError(
             f"thread {thread_id!r}: gave up after {RETRIES} lost compare-and-swap races; too many "
             "writers on one thread at once. Retry later or spread the writers over threads."

@@ -32,6 +32,8 @@ from .objects import (
 from .objstore import ObjectStore
 from .refs import Ref, RefStore, build, thread_key
 from .refs import append as log_append
+from .verify import Progress, VerifyReport
+from .verify import verify as _verify
 
 log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
@@ -131,6 +133,8 @@ class CheckpointStore:
         self.refs = RefStore(backend, self.objects)
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
         self._known: dict[str, Ref] = {}  # last ref this store wrote, per thread
+        # per thread: (checkpoint id, ids of its state nodes) of the last one saved here
+        self._nodes: dict[str, tuple[CheckpointId, frozenset[str]]] = {}
 
     @property
     def url(self) -> str:
@@ -154,11 +158,20 @@ class CheckpointStore:
         if expected_head is not _UNSET and expected_head is not None:
             expected_head = _check_id(expected_head, "expected_head")
         built = tree.build(state, self.types)  # raises before anything is written
-        self.objects.put_many(built.objects)
         current = self._known.get(thread_id, _UNSET)
+        # Nodes of the head we are about to extend exist and stay reachable while that head is
+        # the head, so they need no write. If the head turns out to be another one, write them.
+        base_id, base_nodes = self._nodes.get(thread_id, (None, frozenset()))
+        if current is _UNSET or current is None or current.head.head != base_id:
+            base_id, base_nodes = None, frozenset()
+        self.objects.put_many({k: v for k, v in built.objects.items() if k not in base_nodes})
+        skipped = {k: v for k, v in built.objects.items() if k in base_nodes}
         saved: dict[str, Any] = {}
 
         def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
+            if skipped and (ref is None or ref.head.head != base_id):
+                self.objects.put_many(skipped)
+                skipped.clear()
             head = ref.head if ref else Head(thread_id, None)
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
@@ -171,10 +184,14 @@ class CheckpointStore:
             return log_append(head, entry, new), new
 
         self._known.pop(thread_id, None)
-        ref = self.refs.update(thread_id, change, expected_head=expected_head, current=current)
+        self._nodes.pop(thread_id, None)
+        ref = self.refs.update(thread_id, change, expected_head=expected_head, current=current,
+                               done=lambda r: "entry" in saved
+                               and self.refs.holds(r.head, saved["entry"]))
+        entry: LogEntry = saved["entry"]
         if ref is not None:
             self._known[thread_id] = ref
-        entry: LogEntry = saved["entry"]
+            self._nodes[thread_id] = (entry.id, frozenset(built.objects))
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
         return _info(entry, thread_id)
@@ -200,12 +217,17 @@ class CheckpointStore:
     def load(self, thread_id: str, checkpoint_id: CheckpointId | None = None) -> Checkpoint:
         """The head of ``thread_id``, or one of its checkpoints by id."""
         t0 = time.perf_counter()
-        head = self._ref(thread_id).head
+        ref = self._ref(thread_id)
+        head = ref.head
         cid = head.head if checkpoint_id is None else _check_id(checkpoint_id)
         assert cid is not None
         if checkpoint_id is not None and cid != head.head:
             self._entry(thread_id, head, cid)
-        cp = self._load(cid, thread_id)
+        seen: set[str] = set()
+        cp = self._load(cid, thread_id, seen)
+        if cid == head.head:  # a save that follows this load need not write these nodes
+            self._known[thread_id] = ref
+            self._nodes[thread_id] = (cid, frozenset(seen))
         log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cid, cp.size,
                   (time.perf_counter() - t0) * 1000)
         return cp
@@ -214,12 +236,13 @@ class CheckpointStore:
         """Any checkpoint by id alone, whatever its thread."""
         return self._load(_check_id(checkpoint_id), None)
 
-    def _load(self, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
+    def _load(self, cid: CheckpointId, thread_id: str | None,
+              seen: set[str] | None = None) -> Checkpoint:
         try:
             record = Record.decode(self.objects.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
-        state = tree.load(record.root, self.objects.get_many, self.types)
+        state = tree.load(record.root, self.objects.get_many, self.types, seen)
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
                           record.label, record.tags, record.metadata, state)
@@ -363,6 +386,15 @@ class CheckpointStore:
         log.info("delete thread %r", thread_id)
 
     # --- audit (verify.py) ---
+
+    def verify(self, *, deep: bool = True, sample: float | None = None,
+               thread_id: str | None = None, progress: Progress | None = None) -> VerifyReport:
+        """Audit the store: every ref, log, record and state node a ref reaches exists and
+        agrees with what names it; ``deep`` also re-hashes every object (or a random ``sample``
+        fraction of the state nodes). Problems name the threads and checkpoints they break;
+        ``report.ok``, ``report.to_text()``, ``report.to_json()``."""
+        return _verify(self.backend, self.refs, deep=deep, sample=sample, thread_id=thread_id,
+                       progress=progress)
 
     # --- retention and garbage collection (gc.py) ---
 

@@ -1,50 +1,306 @@
-"""State <-> state nodes. A state is stored as a tree of content-addressed nodes; the root's
-id goes into the checkpoint record. Pure code apart from the ``fetch`` callback."""
+"""State <-> a tree of content-addressed nodes (structural sharing). Pure code.
+
+A small state is one node. A large list, tuple, dict, str or bytes is split into leaves at
+content-defined boundaries and joined by index nodes (a prolly tree), so that two states that
+differ by an appended message, a changed item or a new key share every node but a few:
+
+* a list/tuple is cut after an item when ``crc32(item bytes)`` falls under a threshold that grows
+  with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
+  ends its leaf, small items group into leaves of about ``LEAF_TARGET`` bytes. Boundaries depend
+  only on the items, never on offsets, so an insert or an append moves no other boundary;
+* index nodes are cut the same way over their children's ids (about ``FANOUT`` children each);
+* a dict with many keys is cut over its (key, value) pairs in order; a dict value bigger than
+  ``SPLIT_MIN`` becomes its own subtree (so ``{"messages": [...], "step": 3}`` keeps the list
+  shared when only ``step`` changes);
+* a long str/bytes is cut with a gear rolling hash (FastCDC style) at UTF-8 character starts.
+
+Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
+stand for child ``i``), or a concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``)
+of its children in order.
+"""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from . import codec
+from .errors import FormatError
 from .objects import ObjectId, decode_node, encode_node, object_id
+
+VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
+SPLIT_MIN = 1024  # values encoding to more bytes than this are split
+LEAF_TARGET = 512  # average leaf bytes; an item at least this big ends its leaf
+LEAF_MAX_ITEMS = 1024
+FANOUT = 16  # average children of an index node
+BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
+DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
+TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
+TEXT_AVG_BITS = 13  # ~8 KB average text chunk
+TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
+MAX_VISITS = 10_000_000  # node visits while loading: stops a hostile DAG from exploding
+MAX_DEPTH = 256
 
 
 @dataclass(frozen=True, slots=True)
 class Built:
     root: ObjectId
     objects: dict[ObjectId, bytes]  # every node of the tree, root included
-    size: int  # encoded bytes of the state
+    size: int  # encoded bytes of the whole state (as one blob)
+
+
+def _header(n: int, small: int, b16: int, b32: int) -> bytes:
+    if n < 16:
+        return bytes([small | n])
+    if n < 0x10000:
+        return bytes([b16]) + n.to_bytes(2, "big")
+    return bytes([b32]) + n.to_bytes(4, "big")
+
+
+def _array_header(n: int) -> bytes:
+    return _header(n, 0x90, 0xDC, 0xDD)
+
+
+def _map_header(n: int) -> bytes:
+    return _header(n, 0x80, 0xDE, 0xDF)
+
+
+def _gear_table() -> list[int]:
+    out, x = [], 0x9E3779B97F4A7C15
+    for _ in range(256):  # splitmix64: a fixed pseudo-random table
+        x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        out.append(z ^ (z >> 31))
+    return out
+
+
+_GEAR = _gear_table()
+
+
+def text_cuts(data: bytes, utf8: bool) -> list[int]:
+    """End offsets of content-defined chunks of ``data`` (gear hash, FastCDC style)."""
+    mask = (1 << TEXT_AVG_BITS) - 1
+    cuts, start, h, n = [], 0, 0, len(data)
+    i = start + TEXT_MIN
+    while start < n:
+        if n - start <= TEXT_MIN:
+            cuts.append(n)
+            break
+        h, i, end = 0, start, min(n, start + TEXT_MAX)
+        cut = end
+        gear = _GEAR
+        while i < end:
+            h = ((h << 1) + gear[data[i]]) & 0xFFFFFFFFFFFFFFFF
+            i += 1
+            if i - start >= TEXT_MIN and not (h >> 40) & mask:
+                cut = i
+                break
+        if utf8:
+            while cut < n and (data[cut] & 0xC0) == 0x80:
+                cut += 1
+        cuts.append(cut)
+        start = cut
+    return cuts
+
+
+class _Builder:
+    def __init__(self, types: codec.TypeRegistry | None) -> None:
+        self.types = types
+        self.objects: dict[ObjectId, bytes] = {}
+
+    def node(self, shape: int, body: bytes, children: list[ObjectId] | tuple[ObjectId, ...] = ()
+             ) -> ObjectId:
+        data = encode_node(bytes([shape]) + body, tuple(children))
+        oid = object_id(data)
+        self.objects[oid] = data
+        return oid
+
+    def subtree(self, value: Any, data: bytes) -> ObjectId:
+        """A node id whose value is ``value`` (``data`` is its codec encoding)."""
+        kind = type(value)
+        if len(data) > SPLIT_MIN:
+            if kind is list:
+                return self.sequence(value, data, LIST)
+            if kind is tuple:
+                return self.sequence(value, codec.encode(list(value), types=self.types), TUPLE)
+            if kind is dict:
+                return self.mapping(value, data)
+            if kind in (str, bytes) and len(value) > TEXT_SPLIT_MIN:
+                return self.text(value)
+        return self.node(VALUE, data)
+
+    def sequence(self, value: list[Any], data: bytes, shape: int) -> ObjectId:
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
+        unpacker.feed(data)
+        if unpacker.read_array_header() != len(value):
+            raise AssertionError("codec and msgpack disagree on a list's length")
+        items: list[_Item] = []
+        pos = unpacker.tell()
+        for item in value:
+            unpacker.skip()
+            end = unpacker.tell()
+            raw = data[pos:end]
+            pos = end
+            big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
+            items.append((b"", raw, self.subtree(item, raw) if big else None))
+        return self._index(self._leaves(items, _array_header), shape)
+
+    def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId:
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
+                                    strict_map_key=False)
+        unpacker.feed(data)
+        if unpacker.read_map_header() != len(value):
+            raise AssertionError("codec and msgpack disagree on a dict's length")
+        pairs: list[_Item] = []
+        pos = unpacker.tell()
+        for item in value.values():
+            unpacker.skip()
+            mid = unpacker.tell()
+            unpacker.skip()
+            end = unpacker.tell()
+            raw = data[mid:end]
+            big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
+            pairs.append((data[pos:mid], raw, self.subtree(item, raw) if big else None))
+            pos = end
+        if len(pairs) <= DICT_SPLIT_KEYS:
+            return self._leaf(pairs, _map_header)
+        return self._index(self._leaves(pairs, _map_header), DICT)
+
+    def text(self, value: str | bytes) -> ObjectId:
+        raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        start, leaves = 0, []
+        for cut in text_cuts(raw, isinstance(value, str)):
+            piece = raw[start:cut]
+            part: str | bytes = piece.decode("utf-8", "surrogatepass") \
+                if isinstance(value, str) else piece
+            leaves.append(self.node(VALUE, codec.encode(part)))
+            start = cut
+        return self._index(leaves, STR if isinstance(value, str) else BYTES)
+
+    def _leaf(self, items: list[_Item], header: Callable[[int], bytes]) -> ObjectId:
+        children: list[ObjectId] = []
+        parts = [header(len(items))]
+        for prefix, raw, child in items:
+            parts.append(prefix)
+            if child is None:
+                parts.append(raw)
+            else:
+                parts.append(codec.encode(codec.Ref(len(children))))
+                children.append(child)
+        return self.node(VALUE, b"".join(parts), children)
+
+    def _leaves(self, items: list[_Item], header: Callable[[int], bytes]) -> list[ObjectId]:
+        """Cut after an item with probability size / LEAF_TARGET, decided by its content."""
+        leaves: list[ObjectId] = []
+        group: list[_Item] = []
+        for item in items:
+            prefix, raw, child = item
+            group.append(item)
+            weight = 64 if child is not None else len(prefix) + len(raw)
+            h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
+            if h * LEAF_TARGET < weight * 0xFFFFFFFF or len(group) >= LEAF_MAX_ITEMS:
+                leaves.append(self._leaf(group, header))
+                group = []
+        if group:
+            leaves.append(self._leaf(group, header))
+        return leaves
+
+    def _index(self, level: list[ObjectId], shape: int) -> ObjectId:
+        """Index nodes over ``level`` until one node remains; the top one has ``shape``."""
+        inner = LIST if shape in (LIST, TUPLE) else shape
+        depth = 0
+        while True:
+            groups: list[list[ObjectId]] = [[]]
+            for child in level:
+                groups[-1].append(child)
+                if _closes(child, depth) or len(groups[-1]) >= 8 * FANOUT:
+                    groups.append([])
+            if not groups[-1]:
+                groups.pop()
+            if len(groups) == len(level) > 1:  # every child closed: fall back to fixed groups
+                groups = [level[i:i + FANOUT] for i in range(0, len(level), FANOUT)]
+            if len(groups) <= 1:
+                return self.node(shape, b"", level)
+            level = [self.node(inner, b"", g) for g in groups]
+            depth += 1
+
+
+_Item = tuple[bytes, bytes, ObjectId | None]  # (dict key bytes or b"", value bytes, subtree)
+
+
+def _closes(child: ObjectId, depth: int) -> bool:
+    return zlib.crc32(bytes.fromhex(child), depth) % FANOUT == 0
 
 
 def build(value: Any, types: codec.TypeRegistry | None = None) -> Built:
     """Encode a state into nodes (SerializationError before anything is written)."""
-    payload = codec.encode(value, types=types)
-    data = encode_node(payload)
-    root = object_id(data)
-    return Built(root, {root: data}, len(payload))
+    data = codec.encode(value, types=types)
+    builder = _Builder(types)
+    root = builder.subtree(value, data)
+    return Built(root, builder.objects, len(data))
 
 
 def load(root: ObjectId, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],
-         types: codec.TypeRegistry | None = None) -> Any:
-    """Read a state back from its root node; ``fetch`` returns verified bytes by id."""
-    return load_node(fetch([root])[root], fetch, types)
+         types: codec.TypeRegistry | None = None, seen: set[str] | None = None) -> Any:
+    """Read a state back from its root node; ``fetch`` returns verified bytes by id. The tree
+    is read level by level, each level in one batch. ``seen`` collects the node ids read."""
+    nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
+    frontier: list[ObjectId] = [root]
+    while frontier:
+        got = fetch(frontier)
+        nxt: list[ObjectId] = []
+        for oid in frontier:
+            children, payload = decode_node(got[oid])
+            nodes[oid] = (children, payload)
+            nxt.extend(children)
+        frontier = [c for c in dict.fromkeys(nxt) if c not in nodes]
+    if seen is not None:
+        seen.update(nodes)
+    return _Loader(nodes, types).value(root, 0)
 
 
-def load_node(data: bytes, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],
-              types: codec.TypeRegistry | None) -> Any:
-    children, payload = decode_node(data)
-    if not children:
-        return codec.decode(payload, types=types)
-    got = fetch(list(children))
-    loaded = [load_node(got[c], fetch, types) for c in children]
-    return codec.decode(payload, types=types, resolve=lambda i: _pick(loaded, i))
+class _Loader:
+    def __init__(self, nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]],
+                 types: codec.TypeRegistry | None) -> None:
+        self.nodes, self.types, self.visits = nodes, types, 0
 
-
-def _pick(loaded: list[Any], index: int) -> Any:
-    from .errors import FormatError
-
-    if not 0 <= index < len(loaded):
-        raise FormatError(f"node refers to child {index} of {len(loaded)}; the node is corrupt")
-    return loaded[index]
+    def value(self, oid: ObjectId, depth: int) -> Any:
+        self.visits += 1
+        if self.visits > MAX_VISITS or depth > MAX_DEPTH:
+            raise FormatError(f"state tree under {oid} is too deep or expands too far; the "
+                              "store is corrupt or hostile")
+        children, payload = self.nodes[oid]
+        if not payload:
+            raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
+        shape = payload[0]
+        if shape == VALUE:
+            def resolve(i: int) -> Any:
+                if not 0 <= i < len(children):
+                    raise FormatError(f"node {oid} refers to child {i} of {len(children)}")
+                return self.value(children[i], depth + 1)
+            return codec.decode(payload[1:], types=self.types, resolve=resolve)
+        if len(payload) != 1 or shape > BYTES:
+            raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
+        parts = [self.value(c, depth + 1) for c in children]
+        want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
+        for part in parts:
+            if type(part) is not want and not (want is list and type(part) is tuple):
+                raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
+                                  f"{want.__name__}; the node is corrupt")
+        if shape in (LIST, TUPLE):
+            out: list[Any] = []
+            for part in parts:
+                out.extend(part)
+            return tuple(out) if shape == TUPLE else out
+        if shape == DICT:
+            merged: dict[Any, Any] = {}
+            for part in parts:
+                merged.update(part)
+            return merged
+        return "".join(parts) if shape == STR else b"".join(parts)

@@ -1,0 +1,110 @@
+"""When a storage failure is worth retrying, and how long to wait before the next attempt.
+
+Pure code, no I/O. Transient: timeouts, connection resets, 5xx, throttling (``SlowDown``,
+``Throttling``, 429). Permanent: wrong credentials, access denied, a missing bucket; these fail at
+once, since waiting does not fix them. A precondition failure (412, or 409
+``ConditionalRequestConflict``) is neither: it is the answer of a compare-and-swap, and the caller
+handles it.
+
+s3fs and botocore retry some failures themselves before we see them (botocore: connection errors,
+500/502/503/504 and throttling, ``max_attempts`` 5 by default; s3fs: connection and read errors and
+``SlowDown``, ``retries`` 5 by default). A retried PUT whose first reply was lost comes back as a
+412 even though it was applied; ``backend_s3`` tags each ref write with a write id to tell that
+apart from a real conflict.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from dataclasses import dataclass
+
+TRANSIENT_CODES = frozenset({
+    "InternalError", "ServiceUnavailable", "SlowDown", "SlowDownRead", "SlowDownWrite",
+    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+    "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
+    "RequestTimeout", "RequestTimeoutException", "BandwidthLimitExceeded", "OperationAborted",
+    "500", "502", "503", "504",
+})
+PERMANENT_CODES = frozenset({
+    "AccessDenied", "AccountProblem", "AllAccessDisabled", "InvalidAccessKeyId",
+    "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "NoSuchBucket", "InvalidBucketName",
+    "NotSignedUp", "InvalidSecurity", "403",
+})
+PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
+_TRANSIENT_ERRNOS = frozenset({
+    errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
+    errno.EPIPE, errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO),
+})
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and len(out) < 8 and cur not in out:
+        out.append(cur)
+        cur = cur.__cause__ if cur.__cause__ is not None else cur.__context__
+    return out
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code (``NoSuchBucket``...) of an exception or its causes, or ''."""
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code:
+                return str(code)
+    return ""
+
+
+def error_status(exc: BaseException) -> int:
+    """The HTTP status of an exception or its causes, or 0."""
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status:
+                return int(status)
+    return 0
+
+
+def is_precondition(exc: BaseException) -> bool:
+    """A conditional request was refused: the object exists or has another version."""
+    return (isinstance(exc, FileExistsError) or error_code(exc) in PRECONDITION_CODES
+            or error_status(exc) in (409, 412))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A storage failure worth retrying (timeouts, resets, 5xx, throttling)."""
+    code, status = error_code(exc), error_status(exc)
+    if code in PERMANENT_CODES or status in (401, 403) or is_precondition(exc):
+        return False
+    if code in TRANSIENT_CODES or status >= 500 or status in (408, 429):
+        return True
+    for e in _chain(exc):
+        if isinstance(e, (TimeoutError, ConnectionError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & {"HTTPClientError", "ClientError", "ServerDisconnectedError",
+                    "ClientPayloadError", "ResponseParserError", "IncompleteRead"} and not (
+                "ClientError" in names and "botocore" in type(e).__module__):
+            return True  # aiohttp's and botocore's connection-level errors, by name
+        if "EndpointConnectionError" in names or "ConnectTimeoutError" in names:
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Bounded exponential backoff with full jitter: attempt ``n`` (from 0) waits a random time
+    in ``[0, min(cap, base * 2**n)]``."""
+
+    attempts: int = 6
+    base: float = 0.05
+    cap: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap, self.base * 2 ** min(attempt, 30)))
