@@ -123,6 +123,8 @@ def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryv
     if object_kind(data) != NODE:
         raise _bad("expected a state node")
     view = memoryview(data)
+    if len(view) > 5 and view[5] == 0:  # no children: the common leaf
+        return (), view[6:]
     pos, shift, count = 5, 0, 0
     while True:
         if pos >= len(view) or shift > 35:

@@ -6,11 +6,12 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgpack
 
+from . import gc as gcmod
 from . import tree
 from .backend import Backend, backend_for, open_backend
 from .codec import TypeRegistry
@@ -105,6 +106,18 @@ def _check_meta(label: object, tags: object, metadata: object) -> tuple[str | No
     return label, tags, metadata
 
 
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What ``stats()`` reports."""
+
+    threads: int
+    checkpoints: int  # distinct checkpoints over all threads
+    logical_bytes: int  # sum of their encoded state sizes
+    physical_bytes: int  # bytes stored: objects and refs
+    objects: int
+    dedup_ratio: float  # logical / physical
+
+
 class CheckpointStore:
     """Checkpoints of agent state in a content-addressed object store.
 
@@ -113,21 +126,28 @@ class CheckpointStore:
     """
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
-                 allow_unsafe: bool = False) -> None:
-        self._init(backend_for(fs, root, allow_unsafe=allow_unsafe), types)
+                 allow_unsafe: bool = False, keep_last: int | None = None) -> None:
+        self._init(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last)
 
     @classmethod
     def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
-             types: Iterable[type] = (), allow_unsafe: bool = False) -> CheckpointStore:
+             types: Iterable[type] = (), allow_unsafe: bool = False,
+             keep_last: int | None = None) -> CheckpointStore:
         """Open (creating if needed) the store at ``url``. ``types`` lists the dataclasses,
-        pydantic models and enums that states may hold; nothing else is ever constructed."""
+        pydantic models and enums that states may hold; nothing else is ever constructed.
+        ``keep_last=N`` prunes each thread as it is saved to, keeping its last N checkpoints
+        (and labelled/tagged ones); off by default, so no history is dropped unasked."""
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         store._init(open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe),
-                    types)
+                    types, keep_last)
         return store
 
-    def _init(self, backend: Backend, types: Iterable[type]) -> None:
+    def _init(self, backend: Backend, types: Iterable[type],
+              keep_last: int | None = None) -> None:
+        if keep_last is not None:
+            gcmod.check_policy(keep_last, None)
+        self.keep_last = keep_last
         self.backend = backend
         self.objects = ObjectStore(backend)
         self.refs = RefStore(backend, self.objects)
@@ -181,7 +201,13 @@ class CheckpointStore:
             self.objects.put_many({ObjectId(cid): data})  # the record before the ref
             new: dict[ObjectId, bytes] = {}
             saved["entry"] = entry = record.entry(cid)
-            return log_append(head, entry, new), new
+            new_head = log_append(head, entry, new)
+            # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
+            # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
+            if self.keep_last is not None and gcmod.prune_due(new_head.count, self.keep_last):
+                new.clear()
+                new_head = gcmod.pruned_head(self.refs, head, entry, self.keep_last, new)
+            return new_head, new
 
         self._known.pop(thread_id, None)
         self._nodes.pop(thread_id, None)
@@ -398,9 +424,55 @@ class CheckpointStore:
 
     # --- retention and garbage collection (gc.py) ---
 
+    def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
+              older_than: timedelta | None = None, keep_labeled: bool = True,
+              dry_run: bool = False) -> gcmod.PruneReport:
+        """Drop checkpoints from threads' logs (every thread when ``thread_id`` is None). Kept:
+        the head, the last ``keep_last`` checkpoints, those created within ``older_than``, and
+        (with ``keep_labeled``) those with a label or tags. Refs only, by compare-and-swap (a
+        concurrent save is never lost); no object is deleted until gc()."""
+        threads = self.threads() if thread_id is None else [thread_id]
+        if thread_id is not None:
+            self._ref(thread_id)
+        report = gcmod.prune(self.refs, threads, keep_last=keep_last, older_than=older_than,
+                             keep_labeled=keep_labeled, dry_run=dry_run)
+        for t in report.threads:
+            self._known.pop(t, None)
+        if report.removed:
+            log.info("prune %s", report.to_text().replace("\n", "; "))
+        return report
+
+    def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
+           progress: gcmod.GCProgress | None = None, force: bool = False) -> gcmod.GCReport:
+        """Delete every object no ref reaches that was last written or reused more than
+        ``grace`` ago, by the storage's clock. Safe while other processes save (see the README,
+        "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``."""
+        report = gcmod.collect(self.backend, grace=grace, dry_run=dry_run, progress=progress,
+                               force=force)
+        if not dry_run:
+            self.objects.forget(report.deleted)
+        log.info("%s", report.to_text())
+        return report
+
     # --- sizes ---
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (objects and refs)."""
         return sum(i.size for i in self.backend.list("objects")) + sum(
             i.size for i in self.backend.list("refs"))
+
+    def stats(self) -> StoreStats:
+        """Logical bytes (every checkpoint's state, as if stored whole) against physical bytes
+        stored. Reads the refs and lists the objects; reads no state."""
+        sizes: dict[str, int] = {}
+        threads = self.threads()
+        for thread in threads:
+            ref = self.refs.read(thread)
+            if ref is not None:
+                sizes.update((e.id, e.size) for e in self.refs.entries(ref.head))
+        objects = self.backend.list("objects")
+        refs = self.backend.list("refs")
+        physical = sum(i.size for i in objects) + sum(i.size for i in refs)
+        logical = sum(sizes.values())
+        return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
+                          logical / physical if physical else 0.0)

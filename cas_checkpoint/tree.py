@@ -42,7 +42,7 @@ DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
 TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
-MAX_VISITS = 10_000_000  # node visits while loading: stops a hostile DAG from exploding
+MAX_VISITS = 1_000_000  # node visits while loading: stops a hostile DAG from exploding
 MAX_DEPTH = 256
 
 
@@ -287,6 +287,13 @@ class _Loader:
             return codec.decode(payload[1:], types=self.types, resolve=resolve)
         if len(payload) != 1 or shape > BYTES:
             raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
+        if shape in (LIST, TUPLE, DICT):  # fast path: join the leaves' bytes, decode once
+            items: list[memoryview] = []
+            count = self.flat(oid, shape == DICT, items, depth)
+            if count is not None:
+                head = _map_header(count) if shape == DICT else _array_header(count)
+                joined = codec.decode(head + b"".join(items), types=self.types)
+                return tuple(joined) if shape == TUPLE else joined
         parts = [self.value(c, depth + 1) for c in children]
         want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
         for part in parts:
@@ -304,3 +311,38 @@ class _Loader:
                 merged.update(part)
             return merged
         return "".join(parts) if shape == STR else b"".join(parts)
+
+    def flat(self, oid: ObjectId, is_map: bool, out: list[memoryview], depth: int) -> int | None:
+        """Append the item bytes of every leaf under ``oid``; None if a leaf has children."""
+        self.visits += 1
+        if self.visits > MAX_VISITS or depth > MAX_DEPTH:
+            raise FormatError(f"state tree under {oid} is too deep or expands too far; the "
+                              "store is corrupt or hostile")
+        children, payload = self.nodes[oid]
+        if not payload:
+            raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
+        shape = payload[0]
+        if shape == VALUE:
+            if children or len(payload) < 2:
+                return None
+            first = payload[1]
+            small, b16, b32 = (0x80, 0xDE, 0xDF) if is_map else (0x90, 0xDC, 0xDD)
+            if first & 0xF0 == small:
+                n, skip = first & 0x0F, 2
+            elif first == b16 and len(payload) >= 4:
+                n, skip = int.from_bytes(payload[2:4], "big"), 4
+            elif first == b32 and len(payload) >= 6:
+                n, skip = int.from_bytes(payload[2:6], "big"), 6
+            else:
+                return None
+            out.append(payload[skip:])
+            return n
+        if len(payload) != 1 or shape != (DICT if is_map else LIST):
+            return None
+        total = 0
+        for child in children:
+            n = self.flat(child, is_map, out, depth + 1)
+            if n is None:
+                return None
+            total += n
+        return total
