@@ -233,7 +233,7 @@ def main() -> None:
     print("bytes stored (all objects and refs) and bytes written by the last save")
     print(table(["workload", "store", "total stored", "x final", "last save wrote"], rows))
     if lat:
-        print(f"\nC: load latency of the newest checkpoint (local disk, median of 15), ms")
+        print("\nC: load latency of the newest checkpoint (local disk, median of 15), ms")
         print(table(["store", "load ms", "vs one blob"], lat))
 
 

@@ -36,7 +36,7 @@ VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 512  # average leaf bytes; an item at least this big ends its leaf
 LEAF_MAX_ITEMS = 1024
-FANOUT = 16  # average children of an index node
+FANOUT = 4  # average children of an index node
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
 DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
@@ -212,23 +212,37 @@ class _Builder:
         return leaves
 
     def _index(self, level: list[ObjectId], shape: int) -> ObjectId:
-        """Index nodes over ``level`` until one node remains; the top one has ``shape``."""
+        """Index nodes over ``level``, up to one top node of ``shape``.
+
+        At each level, children are grouped until one that closes a group (by its id); the
+        closed groups become index nodes one level up. The last, still open group of every
+        level is not written as a node of its own: its members go straight into the top node,
+        after the highest level's nodes. Appending therefore rewrites only the top node (and
+        now and then writes a newly closed group), never a chain of half-full nodes."""
         inner = LIST if shape in (LIST, TUPLE) else shape
+        loose: list[list[ObjectId]] = []  # open groups, lowest level first
         depth = 0
-        while True:
-            groups: list[list[ObjectId]] = [[]]
+        while len(level) > 1:
+            groups: list[list[ObjectId]] = []
+            group: list[ObjectId] = []
             for child in level:
-                groups[-1].append(child)
-                if _closes(child, depth) or len(groups[-1]) >= 8 * FANOUT:
-                    groups.append([])
-            if not groups[-1]:
-                groups.pop()
-            if len(groups) == len(level) > 1:  # every child closed: fall back to fixed groups
+                group.append(child)
+                if _closes(child, depth) or len(group) >= 8 * FANOUT:
+                    groups.append(group)
+                    group = []
+            if len(groups) == len(level):  # every child closed: fixed groups instead
                 groups = [level[i:i + FANOUT] for i in range(0, len(level), FANOUT)]
-            if len(groups) <= 1:
-                return self.node(shape, b"", level)
+                group = groups.pop() if len(groups) > 1 else []
+            loose.append(group)
+            if not groups:
+                level = []
+                break
             level = [self.node(inner, b"", g) for g in groups]
             depth += 1
+        children = list(level)
+        for group in reversed(loose):
+            children.extend(group)
+        return self.node(shape, b"", children)
 
 
 _Item = tuple[bytes, bytes, ObjectId | None]  # (dict key bytes or b"", value bytes, subtree)
