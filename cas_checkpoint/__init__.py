@@ -21,6 +21,7 @@ from .errors import (
 )
 from .objects import CheckpointId, ObjectId
 from .store import Checkpoint, CheckpointInfo, CheckpointStore
+from .verify import Problem, VerifyReport
 
 __all__ = [
     "CasError",
@@ -34,9 +35,11 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "ObjectId",
+    "Problem",
     "SerializationError",
     "StorageError",
     "TypeRegistry",
     "UnsafeStorageError",
+    "VerifyReport",
 ]
 __version__ = "0.1.0"

@@ -99,6 +99,15 @@ class Backend(ABC):
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete keys; missing keys are ignored."""
 
+    def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
+        """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to
+        list ``objects/00`` .. ``objects/ff`` at once)."""
+        prefixes = list(prefixes)
+        if len(prefixes) <= 1:
+            return [i for p in prefixes for i in self.list(p)]
+        with ThreadPoolExecutor(min(self.concurrency, len(prefixes))) as pool:
+            return [i for part in pool.map(self.list, prefixes) for i in part]
+
 
 def _version(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
@@ -136,6 +145,28 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise StorageError(f"cannot read {key} in {self.root}: {exc}") from exc
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        # Sequential: reading small files from the page cache costs a few microseconds each,
+        # far less than handing them to a thread pool.
+        out: dict[str, bytes | None] = {}
+        prefix = self.root + os.sep
+        for key in keys:
+            try:
+                fd = os.open(prefix + key.replace("/", os.sep), os.O_RDONLY)
+            except FileNotFoundError:
+                out[key] = None
+                continue
+            except OSError as exc:
+                raise StorageError(f"cannot read {key} in {self.root}: {exc}") from exc
+            try:
+                parts = []
+                while chunk := os.read(fd, 1 << 20):
+                    parts.append(chunk)
+            finally:
+                os.close(fd)
+            out[key] = parts[0] if len(parts) == 1 else b"".join(parts)
+        return out
+
     def _makedirs(self, folder: str) -> None:
         if folder not in self._dirs_made:
             os.makedirs(folder, exist_ok=True)
@@ -169,8 +200,11 @@ class LocalBackend(Backend):
     def _put_one(self, key: str, data: bytes) -> str | None:
         path = self._path(key)
         if os.path.exists(path):
-            os.utime(path)  # a reused object is fresh again for the GC grace period
-            return None
+            try:
+                os.utime(path)  # a reused object is fresh again for the GC grace period
+                return None
+            except FileNotFoundError:
+                pass  # a gc took it just now (see gc.py): write it again
         tmp = self._write_tmp(path, data)
         try:
             os.link(tmp, path)

@@ -158,11 +158,24 @@ class S3Backend(Backend):
 
         async def one(key: str, data: bytes) -> None:
             async with sem:
-                try:  # idempotent: the same key always gets the same bytes
-                    await self._s3("put_object", Key=self._key(key), Body=data, IfNoneMatch="*")
-                except OSError as exc:
-                    if not _is_precondition(exc):
-                        raise
+                for _ in range(3):
+                    try:  # idempotent: the same key always gets the same bytes
+                        await self._s3("put_object", Key=self._key(key), Body=data,
+                                       IfNoneMatch="*")
+                        return
+                    except OSError as exc:
+                        if not _is_precondition(exc):
+                            raise
+                    # It exists: copy it onto itself so its LastModified moves and a running gc
+                    # keeps it (gc.py); a 404 means a gc deleted it just now: PUT it again.
+                    try:
+                        await self._s3("copy_object", Key=self._key(key), CopySource={
+                            "Bucket": self.bucket, "Key": self._key(key)},
+                            MetadataDirective="REPLACE")
+                        return
+                    except FileNotFoundError as exc:
+                        if not _is_missing(exc):
+                            raise
 
         async def all_() -> None:
             await asyncio.gather(*(one(k, v) for k, v in items.items()))
@@ -249,8 +262,19 @@ class S3Backend(Backend):
 
     def _check_safe(self) -> None:
         """Once per backend: does the endpoint refuse a second If-None-Match PUT?"""
-        if self._safe is not None or self.allow_unsafe:
+        if self._safe or self.allow_unsafe:
             return
+        if self._safe is None:
+            self._safe = self._probe()
+        if not self._safe:  # every write asks again, so a caught error cannot be skipped past
+            raise UnsafeStorageError(
+                f"{self.url} accepted a second PUT with If-None-Match: *, so it does not honour "
+                "conditional writes and concurrent writers could lose checkpoints. Use a storage "
+                "that does (AWS S3, MinIO, R2...), or pass allow_unsafe=True if only one writer "
+                "ever touches each thread."
+            )
+
+    def _probe(self) -> bool:
         name = f"probe/{secrets.token_hex(8)}"
         probe = self._key(name)
 
@@ -275,16 +299,9 @@ class S3Backend(Backend):
             return refused and got is not None and got[0] == b"1"
 
         try:
-            self._safe = bool(self._run(go()))
+            return bool(self._run(go()))
         except OSError as exc:
             raise self._fail("checking conditional writes", exc) from exc
-        if not self._safe:
-            raise UnsafeStorageError(
-                f"{self.url} accepted a second PUT with If-None-Match: *, so it does not honour "
-                "conditional writes and concurrent writers could lose checkpoints. Use a storage "
-                "that does (AWS S3, MinIO, R2...), or pass allow_unsafe=True if only one writer "
-                "ever touches each thread."
-            )
 
     # --- listing ---
 
@@ -311,6 +328,43 @@ class S3Backend(Backend):
             return self._run(go())  # type: ignore[no-any-return]
         except OSError as exc:
             raise self._fail(f"listing {prefix}", exc) from exc
+
+    def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
+        """Every key under each prefix: one ListObjectsV2 paginator per prefix, concurrently."""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(prefix: str) -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+            async with sem:
+                while True:
+                    resp = await self._s3("list_objects_v2", **kw)
+                    out += [ObjectInfo(item["Key"][strip:], int(item["Size"]),
+                                       item["LastModified"].timestamp())
+                            for item in resp.get("Contents", [])]
+                    if not resp.get("IsTruncated"):
+                        return out
+                    kw["ContinuationToken"] = resp["NextContinuationToken"]
+
+        async def all_() -> list[ObjectInfo]:
+            folders = [p.rstrip("/") for p in prefixes]
+            parents = {f.rsplit("/", 1)[0] for f in folders}
+            if len(folders) > 8 and len(parents) == 1:  # a small store: one request may do
+                resp = await self._s3("list_objects_v2", Prefix=self._key(parents.pop()) + "/")
+                if not resp.get("IsTruncated"):
+                    want = set(folders)
+                    return [ObjectInfo(item["Key"][strip:], int(item["Size"]),
+                                       item["LastModified"].timestamp())
+                            for item in resp.get("Contents", [])
+                            if item["Key"][strip:].rsplit("/", 1)[0] in want]
+            parts = await asyncio.gather(*(one(p) for p in folders))
+            return [i for part in parts for i in part]
+
+        try:
+            return self._run(all_())  # type: ignore[no-any-return]
+        except OSError as exc:
+            raise self._fail("listing objects", exc) from exc
 
     def delete_many(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +91,35 @@ def demo(url: str) -> None:
           f"for {len(unique)} checkpoints whose states add up to {_human(sum(unique.values()))}")
 
 
+def _verify(args: argparse.Namespace) -> int:
+    url: str = args.store
+    if "://" not in url and not os.path.isdir(url):
+        print(f"cas-checkpoint: error: no store at {url!r} (not a directory)", file=sys.stderr)
+        return 2
+    options: dict[str, Any] = {}
+    if args.endpoint_url:
+        options["client_kwargs"] = {"endpoint_url": args.endpoint_url}
+    store = CheckpointStore.open(url, storage_options=options)
+    last = [0.0]
+
+    def bar(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.1 and done < total:
+            return
+        last[0] = now
+        filled = 30 * done // max(total, 1)
+        sys.stderr.write(f"\rverify [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} objects")
+        sys.stderr.flush()
+
+    show = args.progress or sys.stderr.isatty()
+    report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
+                          thread_id=args.thread, progress=bar if show else None)
+    if show:
+        sys.stderr.write("\n")
+    print(report.to_json() if args.json else report.to_text())
+    return 0 if report.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cas-checkpoint",
@@ -104,12 +135,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-n", "--limit", type=int, default=None)
     p = sub.add_parser("threads", help="list the threads of a store")
     p.add_argument("store")
+    p = sub.add_parser("verify", help="audit a store: exit 0 if intact, 1 if damaged, 2 if "
+                       "it could not be read")
+    p.add_argument("store")
+    p.add_argument("--deep", action="store_true", help="also re-hash every state node")
+    p.add_argument("--sample", type=float, default=None, metavar="F",
+                   help="with --deep (implied): re-hash a random fraction F of the nodes")
+    p.add_argument("--thread", default=None, help="check this thread only")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--progress", action="store_true",
+                   help="show progress on stderr (default: when stderr is a terminal)")
+    p.add_argument("--endpoint-url", default=None,
+                   help="S3-compatible endpoint; credentials come from the usual AWS_* variables")
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             demo(args.store)
         elif args.command == "log":
             _print_history(CheckpointStore.open(args.store), args.thread, args.limit)
+        elif args.command == "verify":
+            return _verify(args)
         elif args.command == "threads":
             store = CheckpointStore.open(args.store)
             for thread in store.threads():

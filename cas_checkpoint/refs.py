@@ -33,7 +33,8 @@ LEAF = 16
 FANOUT = 16
 MAX_THREAD_ID_BYTES = 128
 HEADS = "refs/heads"
-RETRIES = 20
+RETRIES = 64  # lost races in a row before giving up: 8 busy writers lose ~3 in 4
+RACE_WAIT = 0.25  # cap of the random wait after a lost race, in seconds
 
 
 def thread_key(thread_id: str) -> str:
@@ -155,10 +156,14 @@ class RefStore:
                 children.extend(seg.children)
             pending = [c for c in dict.fromkeys(children) if c not in segs]
 
+        seen: set[ObjectId] = set()  # a segment named twice is hostile (and would explode)
+
         def flatten(oid: ObjectId, depth: int) -> Iterator[LogEntry]:
             seg = segs[oid]
-            if seg.level >= depth:
-                raise FormatError(f"log segment {oid} does not descend in level")
+            if seg.level >= depth or oid in seen:
+                raise FormatError(f"log segment {oid} does not descend in level or is named "
+                                  "twice; the thread's log is corrupt")
+            seen.add(oid)
             if seg.level == 0:
                 yield from seg.entries
             for child in seg.children:
@@ -207,7 +212,7 @@ class RefStore:
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)
                 if attempt:
-                    time.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 6)))
+                    time.sleep(random.uniform(0, min(RACE_WAIT, 0.002 * 2 ** min(attempt, 8))))
                 ref, fresh = self.read(thread_id), True
                 if done is not None and ref is not None and done(ref):
                     log.debug("ref %s already holds our change (a lost reply)", key)

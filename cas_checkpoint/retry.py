@@ -2,9 +2,9 @@
 
 Pure code, no I/O. Transient: timeouts, connection resets, 5xx, throttling (``SlowDown``,
 ``Throttling``, 429). Permanent: wrong credentials, access denied, a missing bucket; these fail at
-once, since waiting does not fix them. A precondition failure (412, or 409
-``ConditionalRequestConflict``) is neither: it is the answer of a compare-and-swap, and the caller
-handles it.
+once, since waiting does not fix them. A precondition failure (412) is neither: it is the answer
+of a compare-and-swap, and the caller handles it. A 409 ``ConditionalRequestConflict`` (another
+write of the key in flight) is transient: the object may not be there yet.
 
 s3fs and botocore retry some failures themselves before we see them (botocore: connection errors,
 500/502/503/504 and throttling, ``max_attempts`` 5 by default; s3fs: connection and read errors and
@@ -24,6 +24,7 @@ TRANSIENT_CODES = frozenset({
     "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
     "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
     "RequestTimeout", "RequestTimeoutException", "BandwidthLimitExceeded", "OperationAborted",
+    "ConditionalRequestConflict",  # 409: another write of the key is in flight; retry it
     "500", "502", "503", "504",
 })
 PERMANENT_CODES = frozenset({
@@ -31,7 +32,7 @@ PERMANENT_CODES = frozenset({
     "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "NoSuchBucket", "InvalidBucketName",
     "NotSignedUp", "InvalidSecurity", "403",
 })
-PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
+PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
 _TRANSIENT_ERRNOS = frozenset({
     errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
     errno.EPIPE, errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO),
@@ -72,7 +73,7 @@ def error_status(exc: BaseException) -> int:
 def is_precondition(exc: BaseException) -> bool:
     """A conditional request was refused: the object exists or has another version."""
     return (isinstance(exc, FileExistsError) or error_code(exc) in PRECONDITION_CODES
-            or error_status(exc) in (409, 412))
+            or error_status(exc) == 412)
 
 
 def is_transient(exc: BaseException) -> bool:

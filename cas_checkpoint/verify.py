@@ -35,6 +35,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from .backend import Backend, LocalBackend
 from .errors import CasError, NotFoundError, StorageError
 from .objects import (
@@ -50,7 +52,8 @@ from .objstore import PREFIX, key_object_id, object_key
 from .refs import FANOUT, LEAF, RefStore, thread_key
 
 PREFIX_BYTES = 64 * 1024  # nodes larger than this are read by a prefix in quick mode (local)
-BATCH = 64
+CHUNK = 32  # objects per worker task (one get_many each)
+WORKERS = max(2, min(8, (os.cpu_count() or 2) * 2))
 
 Progress = Callable[[int, int], None]
 """``progress(objects_done, objects_listed)``: called now and then during a run."""
@@ -174,10 +177,10 @@ class _Audit:
         self.named_by: dict[str, set[str]] = {}  # object -> threads whose ref/log names it
         self.records: set[str] = set()
         self.reached: set[str] = set()
+        self.partial: set[str] = set()  # threads whose log could not be read whole
         self.done = 0
         self.local = isinstance(backend, LocalBackend)
-        self.own_get_many = type(backend).get_many is not Backend.get_many
-        self.pool = ThreadPoolExecutor(max(2, min(backend.concurrency, (os.cpu_count() or 2) * 4)))
+        self.pool = ThreadPoolExecutor(WORKERS)
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -228,21 +231,30 @@ class _Audit:
         except StorageError as exc:
             return _Got("unreadable", detail=str(exc))
 
+    def _chunk(self, chunk: list[str], full: Callable[[str], bool],
+               decode: Callable[[bytes], Any]) -> list[_Got]:
+        """One worker's share: read a few objects with one ``get_many`` (concurrent on S3),
+        then re-hash and decode them here, so hashing runs in parallel too."""
+        by_prefix = {o for o in chunk if self.local and not full(o)
+                     and self.sizes.get(o, 0) > PREFIX_BYTES}
+        try:
+            got: dict[str, bytes | None] | None = self.backend.get_many(
+                [object_key(o) for o in chunk if o not in by_prefix])
+        except StorageError:  # one unreadable object: find it one by one
+            got = None
+        return [self._one(o, full(o), decode) if got is None or o in by_prefix
+                else self._check(o, got[object_key(o)], full(o), decode) for o in chunk]
+
     def read(self, oids: list[str], kind: str, full: Callable[[str], bool],
              decode: Callable[[bytes], Any]) -> dict[str, _Got]:
-        """Read, re-hash (where ``full``) and decode objects concurrently."""
+        """Read, re-hash (where ``full``) and decode objects, chunks in parallel."""
         out: dict[str, _Got] = {}
-        for i in range(0, len(oids), BATCH):
-            chunk = oids[i:i + BATCH]
-            if self.own_get_many:  # e.g. S3: the backend reads concurrently itself
-                got = self.backend.get_many(object_key(o) for o in chunk)
-                futs: list[Future[_Got]] = [self.pool.submit(self._check, o, got[object_key(o)],
-                                                             full(o), decode) for o in chunk]
-            else:
-                futs = [self.pool.submit(self._one, o, full(o), decode) for o in chunk]
-            for oid, fut in zip(chunk, futs, strict=True):
-                out[oid] = res = fut.result()
-                stats = self.report.by_kind[kind]
+        stats = self.report.by_kind[kind]
+        chunks = [oids[i:i + CHUNK] for i in range(0, len(oids), CHUNK)]
+        for chunk, results in zip(chunks, self.pool.map(lambda c: self._chunk(c, full, decode),
+                                                        chunks), strict=True):
+            for oid, res in zip(chunk, results, strict=True):
+                out[oid] = res
                 stats["objects"] += 1
                 if res.hashed >= 0:
                     stats["hashed"] += 1
@@ -327,7 +339,9 @@ class _Audit:
         heads: dict[str, Head] = {}
         for thread, raw in zip(threads, raws, strict=True):
             key = thread_key(thread)
-            if raw is None:
+            if raw is None:  # deleted since the listing, or never there
+                if self.thread_id is None:
+                    continue
                 raise NotFoundError(f"thread {thread!r} does not exist in {self.backend.url}")
             try:
                 head = Head.decode(raw[0])
@@ -372,38 +386,40 @@ class _Audit:
         out: dict[str, list[LogEntry]] = {}
         for thread, head in heads.items():
             entries: list[LogEntry] = []
+            seen: set[str] = set()
             for peak in head.peaks:
-                found = self.flatten(peak.id, 64, segs, thread)
-                if found is not None and (len(found) != peak.count):
+                found = self.flatten(peak.id, 64, segs, thread, seen)
+                top = segs.get(peak.id)
+                if found is None or top is None:
+                    self.partial.add(thread)
+                elif (len(found), top.level) != (peak.count, peak.level):
                     self.problem("mismatch", "segment", peak.id, object_key(peak.id),
-                                 f"the head says this log tree holds {peak.count} entries, it "
-                                 f"holds {len(found)}", [thread])
-                elif found is not None and segs[peak.id] is not None and \
-                        segs[peak.id].level != peak.level:  # type: ignore[union-attr]
-                    self.problem("mismatch", "segment", peak.id, object_key(peak.id),
-                                 f"the head says level {peak.level}, the segment says "
-                                 f"{segs[peak.id].level}", [thread])  # type: ignore[union-attr]
+                                 f"the head says a level {peak.level} tree of {peak.count} "
+                                 f"entries, it is level {top.level} with {len(found)}", [thread])
                 entries.extend(found or ())
             entries.extend(head.tail)
             out[thread] = entries
         return out
 
-    def flatten(self, oid: str, above: int, segs: dict[str, Segment | None],
-                thread: str) -> list[LogEntry] | None:
+    def flatten(self, oid: str, above: int, segs: dict[str, Segment | None], thread: str,
+                seen: set[str]) -> list[LogEntry] | None:
         seg = segs.get(oid)
         if seg is None:
             return None
         bad = ""
-        if seg.level >= above:
+        if oid in seen:
+            bad = "the segment is named twice in the thread's log"
+        elif seg.level >= above:
             bad = f"level {seg.level} under a level {above} segment"
         elif len(seg.entries) > LEAF or len(seg.children) > FANOUT:
             bad = "more entries or children than a segment may hold"
         if bad:
             self.problem("mismatch", "segment", oid, object_key(oid), bad, [thread])
             return None
+        seen.add(oid)
         out = list(seg.entries)
         for child in seg.children:
-            got = self.flatten(child, seg.level, segs, thread)
+            got = self.flatten(child, seg.level, segs, thread, seen)
             if got is None:
                 return None
             out.extend(got)
@@ -421,12 +437,16 @@ class _Audit:
                 wanted[e.id] = None
                 ids[e.id] = e
             assert head.head is not None
-            if head.head not in ids:
+            if head.head not in ids and thread in self.partial:  # may be in the lost part
+                self.name(head.head, thread)
+                self.records.add(head.head)
+                wanted[head.head] = None
+            elif head.head not in ids:
                 exists = head.head in self.sizes
                 self.problem("dangling_ref", "ref", head.head, thread_key(thread),
                              f"the head {head.head} is not in thread {thread!r}'s log"
                              + ("" if exists else " and does not exist"), [thread])
-            elif ids[head.head].step != head.head_step:
+            elif head.head in ids and ids[head.head].step != head.head_step:
                 self.problem("mismatch", "ref", head.head, thread_key(thread),
                              f"the ref says step {head.head_step}, the log says "
                              f"{ids[head.head].step}", [thread])
@@ -443,7 +463,7 @@ class _Audit:
         for thread, entries in logs.items():
             for e in entries:
                 res = got[e.id]
-                if res.status == "ok" and res.parsed.entry(e.id) != e:
+                if res.status == "ok" and not _same(res.parsed.entry(e.id), e):
                     diff = _diff(res.parsed.entry(e.id), e)
                     self.problem("mismatch", "record", e.id, thread_key(thread),
                                  f"thread {thread!r}'s log disagrees with the record on {diff}",
@@ -484,6 +504,11 @@ def _node_children(data: bytes) -> tuple[ObjectId, ...]:
     return decode_node(data)[0]
 
 
+def _same(a: LogEntry, b: LogEntry) -> bool:
+    """Equal as stored (so a NaN in metadata equals itself)."""
+    return a == b or bool(msgpack.packb(a.pack()) == msgpack.packb(b.pack()))
+
+
 def _diff(a: LogEntry, b: LogEntry) -> str:
     names = ("parents", "step", "created_at", "size", "label", "tags", "metadata")
     return ", ".join(n for n in names if getattr(a, n) != getattr(b, n)) or "its fields"
@@ -497,6 +522,9 @@ def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int | float)
                                or not 0 < sample <= 1):
         raise InvalidArgumentError(f"sample must be a fraction in (0, 1], not {sample!r}")
+    if sample is not None and not deep:
+        raise InvalidArgumentError("sample= chooses the nodes a deep verify re-hashes; pass "
+                                   "deep=True with it (quick checks cover every node anyway)")
     if thread_id is not None:
         thread_key(thread_id)
     return _Audit(backend, refs, deep=deep, sample=sample, thread_id=thread_id,

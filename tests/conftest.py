@@ -22,6 +22,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _atomic_conditional_writes() -> None:
+    """moto checks If-Match / If-None-Match and then writes, with no lock between (FACTS.md):
+    two concurrent conditional PUTs on one key can both win, and one acknowledged write is
+    overwritten. Real S3 decides them atomically; make moto do so too, or a many-writer test
+    measures moto's race instead of ours."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    lock = threading.Lock()
+    for name in ("put_object", "delete_object"):
+        real = getattr(S3Response, name)
+        if getattr(real, "_atomic", False):
+            continue
+
+        def atomic(self: Any, _real: Any = real) -> Any:
+            if self.headers.get("If-Match") or self.headers.get("If-None-Match"):
+                with lock:
+                    return _real(self)
+            return _real(self)
+
+        atomic._atomic = True  # type: ignore[attr-defined]
+        setattr(S3Response, name, atomic)
+
+
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[dict[str, Any]]:
     """moto in server mode on 127.0.0.1: s3fs talks real HTTP to it."""
@@ -33,6 +58,7 @@ def moto_server() -> Iterator[dict[str, Any]]:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    _atomic_conditional_writes()
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     import boto3

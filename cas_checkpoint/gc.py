@@ -1,0 +1,559 @@
+"""Retention (``prune``) and garbage collection (``gc``), safe while agents write.
+
+* ``prune`` edits refs only: it rebuilds a thread's log without the checkpoints a retention policy
+  drops (by compare-and-swap, so a concurrent save is never lost) and deletes no object.
+* ``gc`` deletes every object that no ref reaches and that is older than a grace period, judged by
+  the storage's own modified times. What a ref reaches: heads -> log segments -> log entries ->
+  checkpoint records -> state node trees (any shape: nodes are walked with ``decode_node``). A
+  record's parents are NOT followed: a checkpoint pruned out of every log is garbage.
+
+How gc stays safe with writers active, and with no lock that blocks them:
+
+1. writers refresh what they reuse: putting an object that already exists moves its modified time
+   (local ``os.utime``, memory:// ``modified``, S3 ``CopyObject`` onto itself), and re-writes it
+   if it vanished meanwhile;
+2. ``t0`` = the storage's clock (the modified time of a probe written under ``gc/``); mark from
+   every ref, remembering each ref's version; list ``objects/`` once (256 prefixes in
+   parallel); re-read the refs and mark from each one that changed, until they are stable
+   (bounded); candidates are the unmarked objects modified before ``t0 - grace``;
+3. the final check is atomic where the storage allows it: local disk renames a candidate into
+   ``gc/trash-*``, then stats it: if a writer refreshed it, it goes back (``os.link``); memory://
+   checks and deletes under the lock writers take; S3 lists the candidates' prefixes again right
+   before each ``DeleteObjects`` batch and drops any whose LastModified moved.
+
+The residual risks are written down in the README ("How GC stays safe").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .backend import Backend, LocalBackend, MemoryBackend, ObjectInfo
+from .errors import (
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageError,
+)
+from .objects import (
+    NODE,
+    RECORD,
+    SEGMENT,
+    CheckpointId,
+    Head,
+    LogEntry,
+    ObjectId,
+    Record,
+    Segment,
+    decode_node,
+    object_id,
+    object_kind,
+)
+from .objstore import PREFIX, key_object_id, object_key
+from .refs import HEADS, LEAF, Ref, RefStore, build, thread_from_key
+
+GCProgress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
+
+PREFIXES = [f"{PREFIX}/{i:02x}" for i in range(256)]
+READ_BATCH = 1024  # objects read per round while marking (bounds memory)
+DELETE_BATCH = 1000  # S3 DeleteObjects takes up to 1,000 keys
+REF_ROUNDS = 4  # re-reads of the refs after listing, until no ref changed
+TRASH_STALE = 600.0  # seconds: a trash folder this old was left by a gc that died
+MIN_S3_GRACE = 1.0  # S3 LastModified has a resolution of one second
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPrune:
+    """What prune kept and removed in one thread (ids oldest first)."""
+
+    thread_id: str
+    kept: tuple[CheckpointId, ...]
+    removed: tuple[CheckpointId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    dry_run: bool
+    threads: dict[str, ThreadPrune] = field(default_factory=dict)
+
+    @property
+    def kept(self) -> int:
+        return sum(len(t.kept) for t in self.threads.values())
+
+    @property
+    def removed(self) -> int:
+        return sum(len(t.removed) for t in self.threads.values())
+
+    def to_text(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        lines = [f"{t}: kept {len(p.kept)}, {verb} {len(p.removed)}"
+                 for t, p in sorted(self.threads.items())]
+        lines.append(f"total: kept {self.kept}, {verb} {self.removed} checkpoints in "
+                     f"{len(self.threads)} threads (objects stay until gc)")
+        return "\n".join(lines)
+
+
+def select(entries: list[LogEntry], head_id: CheckpointId | None, *, keep_last: int | None,
+           older_than: timedelta | None, keep_labeled: bool,
+           now: float) -> tuple[list[LogEntry], list[LogEntry]]:
+    """(kept, removed), both in log order. A checkpoint is kept if any rule keeps it: it is the
+    head; it has a label or a tag (with ``keep_labeled``); it is one of the last ``keep_last``;
+    it was created less than ``older_than`` before ``now``."""
+    cutoff = None if older_than is None else now - older_than.total_seconds()
+    n = len(entries)
+    kept: list[LogEntry] = []
+    removed: list[LogEntry] = []
+    for i, e in enumerate(entries):
+        keep = (e.id == head_id
+                or (keep_labeled and (e.label is not None or bool(e.tags)))
+                or (keep_last is not None and i >= n - keep_last)
+                or (cutoff is not None and e.created_at >= cutoff))
+        (kept if keep else removed).append(e)
+    return kept, removed
+
+
+def check_policy(keep_last: object, older_than: object) -> None:
+    if keep_last is None and older_than is None:
+        raise InvalidArgumentError("prune needs a policy: pass keep_last=N and/or "
+                                   "older_than=timedelta(...)")
+    if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool)
+                                  or keep_last < 0):
+        raise InvalidArgumentError(f"keep_last must be a non-negative int, not {keep_last!r}")
+    if older_than is not None and (not isinstance(older_than, timedelta)
+                                   or older_than < timedelta(0)):
+        raise InvalidArgumentError(f"older_than must be a non-negative timedelta, not "
+                                   f"{older_than!r}")
+
+
+class _Gone(Exception):
+    pass
+
+
+class _Unchanged(Exception):
+    pass
+
+
+def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
+                 older_than: timedelta | None, keep_labeled: bool, dry_run: bool,
+                 now: float) -> ThreadPrune | None:
+    """Prune one thread by compare-and-swap (None if the thread does not exist)."""
+    ref = refs.read(thread_id)
+    if ref is None or ref.head.head is None:
+        return None
+    policy: dict[str, Any] = {"keep_last": keep_last, "older_than": older_than,
+                              "keep_labeled": keep_labeled, "now": now}
+    kept, removed = select(refs.entries(ref.head), ref.head.head, **policy)
+    if not dry_run and removed:
+        def change(cur: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
+            nonlocal kept, removed
+            if cur is None or cur.head.head is None:
+                raise _Gone
+            kept, removed = select(refs.entries(cur.head), cur.head.head, **policy)
+            if not removed:
+                raise _Unchanged
+            new: dict[ObjectId, bytes] = {}
+            return build(thread_id, kept, cur.head.head, new), new
+
+        try:
+            refs.update(thread_id, change, current=ref)
+        except _Gone:
+            return None
+        except _Unchanged:
+            pass
+    return ThreadPrune(thread_id, tuple(e.id for e in kept), tuple(e.id for e in removed))
+
+
+def prune(refs: RefStore, threads: Iterable[str], *, keep_last: int | None,
+          older_than: timedelta | None, keep_labeled: bool, dry_run: bool) -> PruneReport:
+    check_policy(keep_last, older_than)
+    now = time.time()
+    report = PruneReport(dry_run)
+    for thread in threads:
+        got = prune_thread(refs, thread, keep_last=keep_last, older_than=older_than,
+                           keep_labeled=keep_labeled, dry_run=dry_run, now=now)
+        if got is not None:
+            report.threads[thread] = got
+    return report
+
+
+def save_slack(keep_last: int) -> int:
+    """Prune-on-save runs when a thread reaches keep_last + a multiple of this."""
+    return max(LEAF, keep_last // 4)
+
+
+def prune_due(count: int, keep_last: int) -> bool:
+    """Whether a save that brought a thread to ``count`` checkpoints should prune it: every
+    ``save_slack`` saves past ``keep_last`` (so the log rebuild is amortised, even when labelled
+    checkpoints keep the thread longer than keep_last)."""
+    return count > keep_last and (count - keep_last) % save_slack(keep_last) == 0
+
+
+def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int,
+                new: dict[ObjectId, bytes]) -> Head:
+    """``head`` plus ``entry`` (the new head), keeping its last ``keep_last`` checkpoints and
+    the labelled ones; new segments go into ``new``."""
+    entries = refs.entries(head) + [entry]
+    kept, _ = select(entries, entry.id, keep_last=keep_last, older_than=None,
+                     keep_labeled=True, now=0.0)
+    return build(head.thread_id, kept, entry.id, new)
+
+
+# --- garbage collection ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GCReport:
+    """What a gc run found and did. ``requests`` counts storage requests by kind (on S3 these
+    are HTTP requests: ``list`` pages of up to 1,000 keys, ``get``, ``put``, ``delete``
+    batches of up to 1,000 keys; on local disk and memory:// they are the matching calls)."""
+
+    url: str
+    dry_run: bool
+    grace_seconds: float
+    storage_now: float = 0.0  # t0, by the storage's clock (seconds since the epoch)
+    threads: int = 0
+    scanned_objects: int = 0
+    scanned_bytes: int = 0
+    reachable_objects: int = 0  # kept: a ref reaches them
+    reachable_bytes: int = 0
+    young_objects: int = 0  # kept: unreachable but modified within the grace period
+    young_bytes: int = 0
+    deleted_objects: int = 0  # (with dry_run: would be deleted)
+    deleted_bytes: int = 0
+    refreshed_objects: int = 0  # candidates a writer reused during the sweep: kept
+    ref_rounds: int = 0  # times the refs were read (1 + re-reads after listing)
+    seconds: float = 0.0
+    requests: dict[str, int] = field(default_factory=lambda: {
+        "list": 0, "get": 0, "put": 0, "delete": 0})
+    deleted: list[ObjectId] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "deleted"}
+        out["requests"] = dict(self.requests)
+        return out
+
+    def to_text(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (
+            f"gc {self.url}: scanned {self.scanned_objects} objects ({_mb(self.scanned_bytes)}) "
+            f"in {self.threads} threads; kept {self.reachable_objects} reachable "
+            f"({_mb(self.reachable_bytes)}) and {self.young_objects} younger than the "
+            f"{self.grace_seconds:g} s grace ({_mb(self.young_bytes)}); {verb} "
+            f"{self.deleted_objects} ({_mb(self.deleted_bytes)}); {self.refreshed_objects} "
+            f"reused by writers meanwhile; {self.seconds:.2f} s; requests "
+            + ", ".join(f"{k} {v}" for k, v in self.requests.items())
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _children(data: bytes) -> tuple[str, ...]:
+    """Ids an object names that gc must keep with it (never a record's parents)."""
+    kind = object_kind(data)
+    if kind == NODE:
+        return decode_node(data)[0]
+    if kind == RECORD:
+        return (Record.decode(data).root,)
+    if kind == SEGMENT:
+        seg = Segment.decode(data)
+        return seg.children + tuple(e.id for e in seg.entries)
+    raise FormatError(f"object of kind {kind!r} found under objects/; gc stopped before deleting "
+                      "anything. Run `cas-checkpoint verify`")
+
+
+class _Collector:
+    def __init__(self, backend: Backend, report: GCReport, progress: GCProgress | None) -> None:
+        self.backend = backend
+        self.report = report
+        self.req = report.requests
+        self.progress = progress or (lambda phase, done, total: None)
+        self.marked: set[str] = set()
+        self.versions: dict[str, str] = {}
+        self.workers = max(1, min(backend.concurrency, 16))
+
+    # marking
+
+    def read_refs(self) -> dict[str, Head]:
+        """Every ref whose version changed since the last read (all of them the first time)."""
+        keys = [i.key for i in self.backend.list(HEADS) if thread_from_key(i.key) is not None]
+        self.req["list"] += 1 + len(keys) // 1000
+        self.req["get"] += len(keys)
+        with ThreadPoolExecutor(self.workers) as pool:
+            got = list(pool.map(self.backend.read_ref, keys))
+        changed: dict[str, Head] = {}
+        for key, ref in zip(keys, got, strict=True):
+            if ref is not None and self.versions.get(key) != ref[1]:
+                self.versions[key] = ref[1]
+                changed[key] = Head.decode(ref[0])
+        self.report.threads = len(self.versions)
+        self.report.ref_rounds += 1
+        return changed
+
+    def mark_heads(self, heads: dict[str, Head]) -> None:
+        roots: list[str] = []
+        for head in heads.values():
+            if head.head is not None:
+                roots.append(head.head)
+            roots.extend(p.id for p in head.peaks)
+            roots.extend(e.id for e in head.tail)
+        self.mark(roots, heads)
+
+    def mark(self, roots: list[str], heads: dict[str, Head]) -> None:
+        todo = [o for o in dict.fromkeys(roots) if o not in self.marked]
+        self.marked.update(todo)
+        while todo:
+            nxt: list[str] = []
+            for batch in _chunks(todo, READ_BATCH):
+                got = self.backend.get_many([object_key(o) for o in batch])
+                self.req["get"] += len(batch)
+                for oid in batch:
+                    data = got[object_key(oid)]
+                    if data is None:
+                        raise NotFoundError(
+                            f"gc stopped before deleting anything: object {object_key(oid)}, "
+                            f"reachable from {len(heads)} thread(s) it just read, is missing "
+                            f"from {self.backend.url}. If another gc is running, run gc again "
+                            "when it is done; otherwise run `cas-checkpoint verify` to find "
+                            "the checkpoints affected")
+                    actual = object_id(data)
+                    if actual != oid:
+                        raise IntegrityError(oid, actual, object_key(oid))
+                    for child in _children(data):
+                        if child not in self.marked:
+                            self.marked.add(child)
+                            nxt.append(child)
+                self.progress("mark", len(self.marked) - len(nxt), len(self.marked))
+            todo = nxt
+
+    # listing
+
+    def list_objects(self) -> list[tuple[ObjectId, ObjectInfo]]:
+        infos = self.backend.list_many(PREFIXES)
+        per_prefix: dict[str, int] = {}
+        out = []
+        for info in infos:
+            oid = key_object_id(info.key)
+            if oid is not None:
+                out.append((oid, info))
+                per_prefix[oid[:2]] = per_prefix.get(oid[:2], 0) + 1
+        # S3: one request when under 1,000 objects, else one paginator per prefix
+        self.req["list"] += 1 if len(out) < 1000 else 1 + sum(
+            max(1, math.ceil(per_prefix.get(p[-2:], 0) / 1000)) for p in PREFIXES)
+        self.progress("list", len(out), len(out))
+        return out
+
+
+def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> float:
+    """The storage's clock: the modified time of a tiny probe written under ``gc/``."""
+    key = f"gc/probe-{secrets.token_hex(8)}"
+    backend.put_many({key: b"gc clock probe\n"})
+    try:
+        found = [i.mtime for i in backend.list("gc") if i.key == key]
+    finally:
+        backend.delete_many([key])
+    if requests is not None:
+        for kind in ("put", "list", "delete"):
+            requests[kind] += 1
+    if not found:
+        raise StorageError(f"cannot read the modified time of {key} on {backend.url}: the "
+                           "storage did not list it; check that the store is writable")
+    return found[0]
+
+
+def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
+            progress: GCProgress | None = None, force: bool = False) -> GCReport:
+    """Delete unreachable objects older than ``grace`` (see the module docstring)."""
+    if not isinstance(grace, timedelta) or grace < timedelta(0):
+        raise InvalidArgumentError(f"grace must be a non-negative timedelta, not {grace!r}")
+    g = grace.total_seconds()
+    exact = isinstance(backend, (LocalBackend, MemoryBackend))
+    if not exact and g < MIN_S3_GRACE and not force:
+        raise InvalidArgumentError(
+            f"grace={g:g} s is below the 1-second resolution of modified times on {backend.url}, "
+            "so gc could delete an object a writer is about to commit; use a grace of at least "
+            "1 second (the default is 1 hour), or pass force=True if no writer is active")
+    started = time.perf_counter()
+    report = GCReport(backend.url, dry_run, g)
+    c = _Collector(backend, report, progress)
+    if isinstance(backend, LocalBackend):
+        _recover_trash(backend)
+    t0 = report.storage_now = storage_now(backend, report.requests)
+    c.mark_heads(c.read_refs())
+    listed = c.list_objects()
+    for _ in range(REF_ROUNDS):
+        changed = c.read_refs()
+        if not changed:
+            break
+        c.mark_heads(changed)
+    cutoff = t0 - g
+    candidates: list[ObjectInfo] = []
+    for oid, info in listed:
+        report.scanned_objects += 1
+        report.scanned_bytes += info.size
+        if oid in c.marked:
+            report.reachable_objects += 1
+            report.reachable_bytes += info.size
+        elif info.mtime >= cutoff:
+            report.young_objects += 1
+            report.young_bytes += info.size
+        else:
+            candidates.append(info)
+    if dry_run:
+        deleted = candidates
+    elif isinstance(backend, LocalBackend):
+        deleted = _sweep_local(backend, candidates, cutoff, c)
+    elif isinstance(backend, MemoryBackend):
+        deleted = _sweep_memory(backend, candidates, cutoff, c)
+    else:
+        deleted = _sweep_listed(backend, candidates, cutoff, c)
+    report.refreshed_objects = len(candidates) - len(deleted)
+    report.deleted_objects = len(deleted)
+    report.deleted_bytes = sum(i.size for i in deleted)
+    report.deleted = [ObjectId(o) for o in (key_object_id(i.key) for i in deleted) if o]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# --- the final check, per storage --------------------------------------------------------------
+
+
+def _local_path(backend: LocalBackend, key: str) -> str:
+    return os.path.join(backend.root, *key.split("/"))
+
+
+def _recover_trash(backend: LocalBackend) -> None:
+    """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
+    safe; the next gc deletes it again)."""
+    gc_dir = os.path.join(backend.root, "gc")
+    try:
+        names = os.listdir(gc_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        folder = os.path.join(gc_dir, name)
+        try:
+            if not name.startswith("trash-") or time.time() - os.stat(folder).st_mtime < \
+                    TRASH_STALE:
+                continue
+            for f in os.listdir(folder):
+                src = os.path.join(folder, f)
+                key = f"{PREFIX}/{f[:2]}/{f[2:]}"
+                if key_object_id(key) is not None:
+                    try:
+                        os.link(src, _local_path(backend, key))
+                    except FileExistsError:
+                        pass
+                os.unlink(src)
+            os.rmdir(folder)
+        except FileNotFoundError:
+            continue
+
+
+def _sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
+                 c: _Collector) -> list[ObjectInfo]:
+    """Rename each candidate into a trash folder, then look at its modified time: a writer
+    that refreshed it before the rename moved it, so it goes back; a writer that comes after
+    the rename finds no file to refresh and writes the object again."""
+    if not candidates:
+        return []
+    trash = os.path.join(backend.root, "gc", f"trash-{os.getpid()}-{secrets.token_hex(4)}")
+    os.makedirs(trash)
+
+    def one(info: ObjectInfo) -> bool:
+        src = _local_path(backend, info.key)
+        dst = os.path.join(trash, info.key.split("/", 1)[1].replace("/", ""))
+        try:
+            os.rename(src, dst)
+        except FileNotFoundError:
+            return False  # gone already (another gc)
+        if os.stat(dst).st_mtime >= cutoff:  # refreshed between the listing and the rename
+            try:
+                os.link(dst, src)
+                LocalBackend._fsync_dir(os.path.dirname(src))
+            except FileExistsError:
+                pass  # a writer wrote it again meanwhile
+            os.unlink(dst)
+            return False
+        os.unlink(dst)
+        return True
+
+    deleted: list[ObjectInfo] = []
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
+                deleted += [i for i, ok in zip(batch, pool.map(one, batch), strict=True) if ok]
+                c.req["delete"] += len(batch)
+                c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
+    except OSError as exc:
+        raise StorageError(f"gc could not remove objects in {backend.root}: {exc}; objects it "
+                           f"moved aside are put back by the next gc run") from exc
+    os.rmdir(trash)
+    return deleted
+
+
+def _memory_mtime(f: Any) -> float:
+    when = getattr(f, "modified", None) or getattr(f, "created", None)
+    if isinstance(when, datetime):
+        return when.timestamp()
+    return datetime.now(UTC).timestamp()
+
+
+def _sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
+                  c: _Collector) -> list[ObjectInfo]:
+    """Check and delete under the lock that writers take to put or refresh an object."""
+    deleted: list[ObjectInfo] = []
+    for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
+        with backend._lock:
+            for info in batch:
+                path = f"{backend.root}/{info.key}"
+                f = backend.fs.store.get(path)
+                if f is None or _memory_mtime(f) >= cutoff:
+                    continue
+                backend.fs.rm_file(path)
+                deleted.append(info)
+        c.req["delete"] += len(batch)
+        c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
+    return deleted
+
+
+def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
+                  c: _Collector) -> list[ObjectInfo]:
+    """S3 (and any other storage): before each batch of up to 1,000 keys, list the candidates'
+    prefixes again and drop every candidate whose modified time moved or that is gone; then one
+    DeleteObjects. Candidates are sorted, so a batch spans few prefixes."""
+    deleted: list[ObjectInfo] = []
+    candidates = sorted(candidates, key=lambda i: i.key)
+    for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
+        prefixes = sorted({i.key.rsplit("/", 1)[0] for i in batch})
+        now = {i.key: i.mtime for i in backend.list_many(prefixes)}
+        per: dict[str, int] = {}
+        for key in now:
+            per[key.rsplit("/", 1)[0]] = per.get(key.rsplit("/", 1)[0], 0) + 1
+        c.req["list"] += sum(max(1, math.ceil(per.get(p, 0) / 1000)) for p in prefixes)
+        ok = [i for i in batch if i.key in now and now[i.key] == i.mtime < cutoff]
+        if ok:
+            backend.delete_many(i.key for i in ok)
+            c.req["delete"] += 1
+        deleted += ok
+        c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
+    return deleted

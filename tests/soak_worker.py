@@ -1,0 +1,95 @@
+"""A worker process for the soak tests (run as a script): saves, loads or hangs as told by the
+JSON config in argv[1], and reports on stdout, one flushed line per event, e.g. ``ok THREAD ID
+DIGEST`` once save() has returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _soak import check_state, make_state  # noqa: E402
+
+from cas_checkpoint import CasError, CheckpointStore, ConflictError, NotFoundError  # noqa: E402
+
+
+def out(*parts: object) -> None:
+    sys.stdout.write(" ".join(map(str, parts)) + "\n")  # one write: a kill cuts at most the end
+    sys.stdout.flush()
+
+
+def writer(store: CheckpointStore, cfg: dict[str, Any]) -> None:
+    w, threads, n = cfg["writer"], cfg["threads"], cfg.get("n")
+    i = 0
+    while n is None or i < n:
+        thread = threads[i % len(threads)]
+        state = make_state(w, i, cfg.get("pad", 0))
+        out("attempt", thread, state["sum"])
+        meta = {"w": w, "i": i}
+        try:
+            if cfg.get("expected"):
+                head = cfg["first_head"] if i == 0 else store.head(thread)
+                while True:
+                    try:
+                        info = store.save(thread, state, metadata=meta, expected_head=head)
+                        break
+                    except ConflictError as exc:
+                        out("conflict", thread)
+                        head = exc.actual
+            else:
+                info = store.save(thread, state, metadata=meta)
+            out("ok", thread, info.id, state["sum"])
+        except CasError as exc:
+            out("error", thread, type(exc).__name__, " ".join(str(exc).split())[:400])
+        i += 1
+    out("done")
+
+
+def reader(store: CheckpointStore, cfg: dict[str, Any]) -> None:
+    seen: set[str] = set()
+    loads = 0
+    while not os.path.exists(cfg["stop_file"]):
+        try:
+            cp = store.load(cfg["thread"])
+        except NotFoundError:
+            time.sleep(0.001)
+            continue
+        loads += 1
+        got = check_state(cp.state)
+        if got not in seen:
+            seen.add(got)
+            out("saw", got)
+    out("done", loads)
+
+
+def hang_in_ref(store: CheckpointStore, cfg: dict[str, Any]) -> None:
+    """Save, but stop for good inside the ref update (holding its lock) until killed."""
+    import cas_checkpoint.backend as backend
+
+    real = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if f"{os.sep}refs{os.sep}" in dst:
+            out("locked")
+            time.sleep(3600)
+        real(src, dst)
+
+    backend.os.replace = replace  # type: ignore[assignment]
+    store.save(cfg["thread"], make_state(99, 0))
+    out("done")
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    store = CheckpointStore.open(cfg["url"], storage_options=cfg.get("storage_options"),
+                                 allow_unsafe=cfg.get("allow_unsafe", False))
+    out("ready")
+    {"writer": writer, "reader": reader, "hang_in_ref": hang_in_ref}[cfg["role"]](store, cfg)
+
+
+if __name__ == "__main__":
+    main()

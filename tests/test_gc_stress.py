@@ -1,0 +1,285 @@
+"""gc while writers are active (real processes, local disk and S3 on a moto server), and a
+hypothesis state machine of save/fork/rewind/delete/prune/gc against a plain-Python model.
+
+Size from ``CAS_SOAK``: ``small`` (the default, what CI runs) or ``full``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cas_checkpoint import CheckpointStore, NotFoundError
+
+SOAK = os.environ.get("CAS_SOAK", "small")
+FULL = SOAK == "full"
+
+
+def pool_state(i: int, scale: float = 1.0) -> dict[str, Any]:
+    """A small pool of states; big ones split into several nodes that share with each other."""
+    n = max(1, round([2, 5, 40, 120, 300, 40, 5, 2][i % 8] * scale))
+    return {"messages": [{"role": "user", "content": f"message {k} " * 12} for k in range(n)],
+            "step": i % 8, "scale": scale}
+
+
+# --- writer processes --------------------------------------------------------------------------
+
+
+def writer(url: str, options: dict[str, Any] | None, name: str, stop: Any, seed: int,
+           out: Any, pause: float = 0.0, scale: float = 1.0) -> None:
+    """Save (from the pool, so orphaned objects get reused), fork, rewind, delete, prune and
+    delete threads until ``stop`` is set; report (name, saves, ops) on ``out``."""
+    rnd = random.Random(seed)
+    store = CheckpointStore.open(url, storage_options=options, keep_last=24)
+    mine = [f"{name}-0"]
+    saves = ops = 0
+    while not stop.wait(pause):
+        t = rnd.choice(mine)
+        r = rnd.random()
+        try:
+            if r < 0.7 or store.head(t) is None:
+                store.save(t, pool_state(rnd.randrange(8), scale),
+                           label="x" if r < 0.02 else None)
+                saves += 1
+            elif r < 0.78:
+                hist = store.history(t)
+                store.rewind(t, rnd.choice(hist).id)
+            elif r < 0.84 and len(mine) < 6:
+                hist = store.history(t)
+                new = f"{name}-{uuid.uuid4().hex[:6]}"
+                store.fork(t, rnd.choice(hist).id, new)
+                mine.append(new)
+            elif r < 0.90:
+                hist = store.history(t)
+                if len(hist) > 1:
+                    store.delete(t, rnd.choice(hist).id)
+            elif r < 0.95 and len(mine) > 1:
+                store.delete_thread(t)
+                mine.remove(t)
+            else:
+                store.prune(t, keep_last=rnd.randrange(0, 6))
+            ops += 1
+        except NotFoundError:
+            pass
+    out.put((name, saves, ops))
+
+
+def check_all(url: str, options: dict[str, Any] | None) -> int:
+    """Every checkpoint in every ref loads (from a store with an empty cache)."""
+    store = CheckpointStore.open(url, storage_options=options)
+    ids = []
+    for thread in store.threads():
+        try:
+            ids += [info.id for info in store.history(thread)]
+        except NotFoundError:  # deleted since threads() was listed
+            continue
+
+    def one(cid: str) -> None:
+        cp = store.get(cid)
+        assert cp.state == pool_state(cp.state["step"], cp.state["scale"]), cid
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, dict.fromkeys(ids)))
+    return len(ids)
+
+
+def soak(url: str, options: dict[str, Any] | None, *, writers: int, rounds: int,
+         graces: list[float], pause: float = 0.0, gap: float = 0.1,
+         scale: float = 1.0) -> dict[str, int]:
+    """``writers`` processes write while this one runs ``rounds`` gc rounds, loading every
+    checkpoint in every ref after each. A grace of 0 is left out on purpose: it is safe only
+    with no writer between writing its objects and committing its ref (README, "How GC stays
+    safe")."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    gc_store = CheckpointStore.open(url, storage_options=options)
+    gc_store.save("warm", pool_state(0))  # creates the bucket prefix / directory
+    stop = ctx.Event()
+    procs = [ctx.Process(target=writer, args=(url, options, f"w{i}", stop, i, out, pause,
+                                              scale), daemon=True) for i in range(writers)]
+    for p in procs:
+        p.start()
+    totals = {"rounds": 0, "deleted": 0, "refreshed": 0, "verified": 0, "saves": 0, "ops": 0}
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f"w{i}-0" in gc_store.threads() for i in range(writers)):
+            assert time.monotonic() < deadline, "the writers did not start"
+            time.sleep(0.2)
+        for r in range(rounds):
+            time.sleep(gap)  # let the writers make garbage and reuse it
+            report = gc_store.gc(grace=timedelta(seconds=graces[r % len(graces)]))
+            totals["rounds"] += 1
+            totals["deleted"] += report.deleted_objects
+            totals["refreshed"] += report.refreshed_objects
+            totals["verified"] += check_all(url, options)
+            assert all(p.is_alive() for p in procs), "a writer died"
+    finally:
+        stop.set()
+        for _ in procs:
+            _name, saves, ops = out.get(timeout=60)
+            totals["saves"] += saves
+            totals["ops"] += ops
+        for p in procs:
+            p.join(10)
+    # a last round with the writers stopped: everything unreachable goes, the rest loads
+    if url.startswith("s3://"):
+        time.sleep(1.1)  # LastModified has a resolution of one second
+    totals["deleted"] += gc_store.gc(grace=timedelta(0), force=True).deleted_objects
+    totals["verified"] += check_all(url, options)
+    assert gc_store.gc(grace=timedelta(0), force=True, dry_run=True).deleted_objects == 0
+    return totals
+
+
+def _report(kind: str, totals: dict[str, int]) -> None:
+    print(f"\nsoak[{kind}] {SOAK}: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
+
+
+def test_gc_while_writer_processes_write_local(tmp_path: Any) -> None:
+    url = str(tmp_path / "soak")
+    totals = soak(url, None, writers=3 if FULL else 2, rounds=150 if FULL else 12,
+                  graces=[0.25, 0.5, 1.0, 2.0])
+    _report("local", totals)
+    assert totals["rounds"] >= (150 if FULL else 12) and totals["deleted"] > 0
+
+
+def test_gc_while_writer_processes_write_s3(moto_server: dict[str, Any]) -> None:
+    url = f"s3://{moto_server['bucket']}/soak-{uuid.uuid4().hex[:8]}"
+    # moto runs in this process and serves every request slowly: smaller states, and the
+    # writers slowed down a little to leave it room
+    totals = soak(url, moto_server["storage_options"], writers=2, rounds=60 if FULL else 4,
+                  graces=[1.0, 2.0], pause=0.02, gap=0.5 if FULL else 1.0,
+                  scale=0.3 if FULL else 0.1)
+    _report("s3", totals)
+    assert totals["rounds"] >= (60 if FULL else 4) and totals["saves"] > 0
+
+
+# --- a state machine against a plain-Python model ----------------------------------------------
+
+
+class Model(RuleBasedStateMachine):
+    """Which checkpoints must stay loadable, and with which state, after each step."""
+
+    url = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = CheckpointStore.open(self.url + uuid.uuid4().hex[:10])
+        self.logs: dict[str, list[str]] = {}  # thread -> checkpoint ids in log order
+        self.heads: dict[str, str] = {}
+        self.parent: dict[str, str | None] = {}
+        self.states: dict[str, int] = {}  # checkpoint -> pool index
+        self.labeled: set[str] = set()
+
+    def _pick(self, data: Any) -> tuple[str, str]:
+        t = data.draw(st.sampled_from(sorted(self.logs)))
+        return t, data.draw(st.sampled_from(self.logs[t]))
+
+    @rule(thread=st.sampled_from(["a", "b", "c"]), s=st.integers(0, 7), label=st.booleans())
+    def save(self, thread: str, s: int, label: bool) -> None:
+        info = self.store.save(thread, pool_state(s), label="L" if label else None)
+        self.parent[info.id] = self.heads.get(thread)
+        assert info.parent_ids == ((self.heads[thread],) if thread in self.heads else ())
+        self.logs.setdefault(thread, []).append(info.id)
+        self.heads[thread] = info.id
+        self.states[info.id] = s
+        if label:
+            self.labeled.add(info.id)
+
+    @precondition(lambda self: self.logs)
+    @rule(data=st.data(), new=st.sampled_from(["f1", "f2", "f3"]))
+    def fork(self, data: Any, new: str) -> None:
+        t, cid = self._pick(data)
+        if new in self.logs:
+            return
+        self.store.fork(t, cid, new)
+        keep, c = set(), cid
+        while c is not None and c in self.logs[t]:
+            keep.add(c)
+            c = self.parent[c]
+        self.logs[new] = [e for e in self.logs[t] if e in keep]
+        self.heads[new] = cid
+
+    @precondition(lambda self: self.logs)
+    @rule(data=st.data())
+    def rewind(self, data: Any) -> None:
+        t, cid = self._pick(data)
+        self.store.rewind(t, cid)
+        self.logs[t] = self.logs[t][: self.logs[t].index(cid) + 1]
+        self.heads[t] = cid
+
+    @precondition(lambda self: self.logs)
+    @rule(data=st.data())
+    def delete(self, data: Any) -> None:
+        t, cid = self._pick(data)
+        self.store.delete(t, cid)
+        kept = [e for e in self.logs[t] if e != cid]
+        if not kept:
+            del self.logs[t], self.heads[t]
+            return
+        if self.heads[t] == cid:
+            p = self.parent[cid]
+            self.heads[t] = p if p in kept else kept[-1]
+        self.logs[t] = kept
+
+    @precondition(lambda self: self.logs)
+    @rule(data=st.data())
+    def delete_thread(self, data: Any) -> None:
+        t = data.draw(st.sampled_from(sorted(self.logs)))
+        self.store.delete_thread(t)
+        del self.logs[t], self.heads[t]
+
+    @precondition(lambda self: self.logs)
+    @rule(data=st.data(), keep_last=st.integers(0, 4), everywhere=st.booleans())
+    def prune(self, data: Any, keep_last: int, everywhere: bool) -> None:
+        threads = sorted(self.logs) if everywhere else [data.draw(st.sampled_from(
+            sorted(self.logs)))]
+        self.store.prune(None if everywhere else threads[0], keep_last=keep_last)
+        for t in threads:
+            log = self.logs[t]
+            self.logs[t] = [e for i, e in enumerate(log) if e == self.heads[t]
+                            or e in self.labeled or i >= len(log) - keep_last]
+
+    @rule()
+    def gc(self) -> None:
+        self.store.gc(grace=timedelta(0))
+        assert self.store.gc(grace=timedelta(0), dry_run=True).deleted_objects == 0
+
+    @invariant()
+    def every_modelled_checkpoint_loads(self) -> None:
+        s = CheckpointStore.__new__(CheckpointStore)
+        s._init(self.store.backend, self.store.types)  # an empty cache
+        assert set(s.threads()) == set(self.logs)
+        for t, log in self.logs.items():
+            assert s.head(t) == self.heads[t]
+            assert [c.id for c in s.history(t)] == log[::-1]
+            for cid in log:
+                assert s.get(cid).state == pool_state(self.states[cid])
+
+
+_SM = settings(max_examples=60 if FULL else 10, stateful_step_count=40 if FULL else 20,
+               deadline=None, suppress_health_check=list(HealthCheck))
+
+
+class MemoryModel(Model):
+    url = "memory://sm-"
+
+
+class LocalModel(Model):
+    url = tempfile.mkdtemp(prefix="cas-sm-") + "/sm-"
+
+
+TestMemoryModel = MemoryModel.TestCase
+TestMemoryModel.settings = _SM
+TestLocalModel = LocalModel.TestCase
+TestLocalModel.settings = _SM

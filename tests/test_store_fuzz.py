@@ -1,0 +1,241 @@
+"""Store-level fuzzing: objects and refs replaced by random or mutated bytes, and hostile objects
+stored under their true names (so decoding is reached, not just the hash check). ``load``, ``get``
+and ``history`` must raise a CasError or return the original state; ``verify`` must not raise
+and must see every changed object. Nothing may crash or hang."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cas_checkpoint import CasError, CheckpointStore
+from cas_checkpoint.objects import Head, LogEntry, Peak, Record, Segment, encode_node, object_id
+from cas_checkpoint.objstore import object_key
+from cas_checkpoint.refs import thread_key
+
+FUZZ = settings(max_examples=int(os.environ.get("CAS_FUZZ_EXAMPLES", "60")), deadline=5000,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _base() -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
+    """A small store's files, each checkpoint's state by id, and each thread's head."""
+    store = CheckpointStore.open(f"memory://fuzz-base-{uuid.uuid4().hex[:8]}")
+    states: dict[str, Any] = {}
+    for i in range(18):  # one log segment and a tail
+        st_ = {"messages": [{"role": "user", "content": f"m{j}"} for j in range(i % 4)],
+               "step": i, "when": datetime(2026, 1, 1, tzinfo=UTC), "d": Decimal(i),
+               "t": (i, {"x"}), "blob": b"\x00" * (i * 7)}
+        states[store.save("a", st_, label=f"l{i}", tags=["t"], metadata={"i": i}).id] = st_
+    first = store.history("a")[-3].id
+    store.fork("a", first, "b")
+    states[store.save("b", {"forked": True}).id] = {"forked": True}
+    keys = [i.key for i in [*store.backend.list("objects"), *store.backend.list("refs")]]
+    files = {k: v for k, v in store.backend.get_many(keys).items() if v is not None}
+    heads = {t: str(store.head(t)) for t in store.threads()}
+    return files, states, heads
+
+
+FILES, STATES, HEADS = _base()
+KEYS = sorted(FILES)
+
+
+_LAST: list[CheckpointStore] = []
+
+
+def _copy() -> CheckpointStore:
+    """A fresh copy of the base store. memory:// is one process-wide dict that listing scans
+    whole, so the previous copy is removed first (else every example gets slower)."""
+    while _LAST:
+        old = _LAST.pop()
+        old.backend.fs.rm(old.backend.root, recursive=True)  # type: ignore[attr-defined]
+    store = CheckpointStore.open(f"memory://fuzz-{uuid.uuid4().hex}")
+    store.backend.put_many(FILES)
+    _LAST.append(store)
+    return store
+
+
+def _put(store: CheckpointStore, key: str, data: bytes) -> None:
+    store.backend.delete_many([key])
+    store.backend.put_many({key: data})
+
+
+def _exercise(store: CheckpointStore) -> None:
+    """Every read either raises CasError or returns exactly what was saved."""
+    for thread in ("a", "b", "h"):
+        try:
+            cp = store.load(thread)
+        except CasError:
+            pass
+        else:  # "h" holds hostile checkpoints: whatever they decode to is theirs
+            assert thread == "h" or (cp.id in STATES and cp.state == STATES[cp.id])
+        try:
+            store.history(thread)
+        except CasError:
+            pass
+    for cid, expected in STATES.items():
+        try:
+            got = store.get(cid)  # type: ignore[arg-type]
+        except CasError:
+            continue
+        assert got.state == expected
+    store.verify(deep=True)  # must not raise: problems go into the report
+
+
+@st.composite
+def damage(draw: st.DrawFn) -> tuple[str, bytes]:
+    key = draw(st.sampled_from(KEYS))
+    data = FILES[key]
+    how = draw(st.sampled_from(["random", "flip", "truncate", "extend", "other", "splice"]))
+    if how == "random":
+        new = draw(st.binary(max_size=300))
+    elif how == "flip":
+        at = draw(st.integers(0, len(data) - 1))
+        new = data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))]) + data[at + 1:]
+    elif how == "truncate":
+        new = data[:draw(st.integers(0, len(data) - 1))]
+    elif how == "extend":
+        new = data + draw(st.binary(min_size=1, max_size=20))
+    elif how == "other":
+        new = FILES[draw(st.sampled_from(KEYS))]
+    else:
+        at = draw(st.integers(0, len(data)))
+        new = data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
+    return key, new
+
+
+@FUZZ
+@given(damage())
+def test_damaged_bytes_never_come_back_as_state(hit: tuple[str, bytes]) -> None:
+    key, new = hit
+    store = _copy()
+    _put(store, key, new)
+    _exercise(store)
+    if key.startswith("objects/") and new != FILES[key]:
+        report = store.verify(deep=True)
+        assert key in {p.path for p in report.problems}, report.to_text()
+
+
+# --- hostile objects under their true names ----------------------------------------------------
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=10) | st.binary(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+def _body(kind: bytes) -> st.SearchStrategy[bytes]:
+    header = b"CAS" + kind + b"\x01"
+    keys = {b"C": "tprnczlgm", b"L": "vec", b"H": "thspe"}.get(kind, "")
+    shaped = st.fixed_dictionaries({k: json_like for k in keys}) if keys else json_like
+    return st.one_of(
+        st.binary(max_size=200).map(lambda b: header + b),
+        shaped.map(lambda v: header + msgpack.packb(v, use_bin_type=True)),
+        st.binary(max_size=60),
+    )
+
+
+def _existing_ids() -> list[str]:
+    return [k.replace("objects/", "").replace("/", "") for k in KEYS if k.startswith("objects/")]
+
+
+@st.composite
+def hostile_node(draw: st.DrawFn) -> bytes:
+    if draw(st.booleans()):
+        return draw(_body(b"N"))
+    kids = draw(st.lists(st.sampled_from(_existing_ids()) | st.binary(min_size=32, max_size=32)
+                         .map(bytes.hex), max_size=5))
+    payload = draw(st.binary(max_size=80) | json_like.map(
+        lambda v: bytes([0]) + msgpack.packb(v, use_bin_type=True)))
+    return encode_node(payload, tuple(kids))
+
+
+def _install(store: CheckpointStore, objects: list[bytes]) -> list[str]:
+    ids = [object_id(d) for d in objects]
+    for oid, data in zip(ids, objects, strict=True):
+        _put(store, object_key(oid), data)
+    return ids
+
+
+def _ref(store: CheckpointStore, head: Head | bytes) -> None:
+    _put(store, thread_key("h"), head if isinstance(head, bytes) else head.encode())
+
+
+@FUZZ
+@given(hostile_node(), st.integers(0, 3))
+def test_hostile_state_nodes(node: bytes, depth: int) -> None:
+    store = _copy()
+    oid = _install(store, [node])[0]
+    for _ in range(depth):  # wrap it in valid interior nodes
+        oid = _install(store, [encode_node(b"\x00\x91\xd4\x01\x00", (oid,))])[0]
+    record = Record("h", (), oid, 0, 1.0, 10).encode()  # type: ignore[arg-type]
+    cid = _install(store, [record])[0]
+    _ref(store, Head("h", cid, 0, (), (Record.decode(record).entry(cid),)))  # type: ignore[arg-type]
+    _exercise(store)
+    try:
+        store.load("h")
+    except CasError:
+        pass
+
+
+@FUZZ
+@given(_body(b"C"))
+def test_hostile_records(record: bytes) -> None:
+    store = _copy()
+    cid = _install(store, [record])[0]
+    entry = LogEntry(cid, (), 0, 1.0, 1)  # type: ignore[arg-type]
+    _ref(store, Head("h", cid, 0, (), (entry,)))  # type: ignore[arg-type]
+    _exercise(store)
+    try:
+        store.get(cid)  # type: ignore[arg-type]
+    except CasError:
+        pass
+    report = store.verify(deep=False)
+    assert not report.ok
+
+
+@FUZZ
+@given(st.lists(_body(b"L"), min_size=1, max_size=3), st.integers(0, 3), st.integers(0, 40))
+def test_hostile_segments(segments: list[bytes], level: int, count: int) -> None:
+    store = _copy()
+    ids = _install(store, segments)
+    top = Segment(level + 1, children=tuple(ids)).encode()  # type: ignore[arg-type]
+    peaks = (Peak(ids[0], level, count), Peak(_install(store, [top])[0], level + 1, count))  # type: ignore[arg-type]
+    _ref(store, Head("h", HEADS["a"], 0, peaks, ()))  # type: ignore[arg-type]
+    _exercise(store)
+    assert not store.verify(deep=False).ok
+
+
+@FUZZ
+@given(_body(b"H"))
+def test_hostile_heads(head: bytes) -> None:
+    store = _copy()
+    _ref(store, head)
+    _exercise(store)
+
+
+@pytest.mark.parametrize("fanout", [16, 64])
+def test_segment_dag_bomb_does_not_explode(fanout: int) -> None:
+    """Segments that name the same child many times on many levels must not be walked
+    exponentially (each level multiplies the entries by ``fanout``)."""
+    store = _copy()
+    leaf_entries = tuple(LogEntry(HEADS["a"], (), 0, 1.0, 1) for _ in range(16))  # type: ignore[arg-type]
+    oid = _install(store, [Segment(0, entries=leaf_entries).encode()])[0]
+    for level in range(1, 8):
+        oid = _install(store, [Segment(level, children=(oid,) * fanout).encode()])[0]  # type: ignore[arg-type]
+    _ref(store, Head("h", HEADS["a"], 0, (Peak(oid, 7, 16 * fanout ** 7),), ()))  # type: ignore[arg-type]
+    for call in (lambda: store.history("h", limit=5), lambda: store.load("h"),
+                 lambda: store.verify()):
+        try:
+            call()
+        except CasError:
+            pass
