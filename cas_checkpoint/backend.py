@@ -159,12 +159,14 @@ class LocalBackend(Backend):
             except OSError as exc:
                 raise StorageError(f"cannot read {key} in {self.root}: {exc}") from exc
             try:
-                parts = []
-                while chunk := os.read(fd, 1 << 20):
-                    parts.append(chunk)
+                first = os.read(fd, 1 << 16)
+                parts = [first]
+                if len(first) == 1 << 16:  # a short read of a regular file is its end
+                    while chunk := os.read(fd, 1 << 20):
+                        parts.append(chunk)
             finally:
                 os.close(fd)
-            out[key] = parts[0] if len(parts) == 1 else b"".join(parts)
+            out[key] = first if len(parts) == 1 else b"".join(parts)
         return out
 
     def _makedirs(self, folder: str) -> None:

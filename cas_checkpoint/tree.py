@@ -355,8 +355,8 @@ class _Loader:
             return None
         total = 0
         for child in children:
-            n = self.flat(child, is_map, out, depth + 1)
-            if n is None:
+            count = self.flat(child, is_map, out, depth + 1)
+            if count is None:
                 return None
-            total += n
+            total += count
         return total
