@@ -305,9 +305,9 @@ class _Audit:
         listing: Future[dict[str, int]] = self.pool.submit(self._list)
         try:
             heads = self.read_refs()
-            self.sizes = listing.result()
-            entries = self.read_logs(heads)
+            entries = self.read_logs(heads)  # logs and records are read while listing
             roots = self.read_records(heads, entries)
+            self.sizes = listing.result()
             self.read_nodes(roots)
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -442,10 +442,10 @@ class _Audit:
                 self.records.add(head.head)
                 wanted[head.head] = None
             elif head.head not in ids:
-                exists = head.head in self.sizes
+                exists = self.backend.get_many([object_key(head.head)])[object_key(head.head)]
                 self.problem("dangling_ref", "ref", head.head, thread_key(thread),
                              f"the head {head.head} is not in thread {thread!r}'s log"
-                             + ("" if exists else " and does not exist"), [thread])
+                             + ("" if exists is not None else " and does not exist"), [thread])
             elif head.head in ids and ids[head.head].step != head.head_step:
                 self.problem("mismatch", "ref", head.head, thread_key(thread),
                              f"the ref says step {head.head_step}, the log says "

@@ -21,7 +21,7 @@ from cas_checkpoint.objects import Head, LogEntry, Peak, Record, Segment, encode
 from cas_checkpoint.objstore import object_key
 from cas_checkpoint.refs import thread_key
 
-FUZZ = settings(max_examples=int(os.environ.get("CAS_FUZZ_EXAMPLES", "60")), deadline=5000,
+FUZZ = settings(max_examples=int(os.environ.get("CAS_FUZZ_EXAMPLES", "40")), deadline=5000,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
