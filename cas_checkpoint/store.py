@@ -16,6 +16,8 @@ from . import tree
 from .backend import Backend, backend_for, open_backend
 from .codec import TypeRegistry
 from .errors import (
+    FormatError,
+    IntegrityError,
     InvalidArgumentError,
     NotFoundError,
     SerializationError,
@@ -249,6 +251,17 @@ class CheckpointStore:
         assert cid is not None
         if checkpoint_id is not None and cid != head.head:
             self._entry(thread_id, head, cid)
+        elif all(e.id != cid for e in head.tail):  # a head edited to point outside its log
+            try:
+                self._entry(thread_id, head, cid)
+            except (IntegrityError, FormatError) as exc:  # the log is damaged, the head is not
+                log.warning("thread %r: cannot check its head against its log: %s", thread_id,
+                            exc)
+            except NotFoundError as exc:
+                if "is not in thread" in str(exc):
+                    raise
+                log.warning("thread %r: cannot check its head against its log: %s", thread_id,
+                            exc)
         seen: set[str] = set()
         cp = self._load(cid, thread_id, seen)
         if cid == head.head:  # a save that follows this load need not write these nodes
@@ -268,7 +281,8 @@ class CheckpointStore:
             record = Record.decode(self.objects.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
-        state = tree.load(record.root, self.objects.get_many, self.types, seen)
+        state = tree.load(record.root, self.objects.get_many, self.types, seen,
+                          max_bytes=2 * record.size + (1 << 20))
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
                           record.label, record.tags, record.metadata, state)

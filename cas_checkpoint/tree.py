@@ -261,9 +261,12 @@ def build(value: Any, types: codec.TypeRegistry | None = None) -> Built:
 
 
 def load(root: ObjectId, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],
-         types: codec.TypeRegistry | None = None, seen: set[str] | None = None) -> Any:
+         types: codec.TypeRegistry | None = None, seen: set[str] | None = None,
+         max_bytes: int = 1 << 40) -> Any:
     """Read a state back from its root node; ``fetch`` returns verified bytes by id. The tree
-    is read level by level, each level in one batch. ``seen`` collects the node ids read."""
+    is read level by level, each level in one batch. ``seen`` collects the node ids read.
+    ``max_bytes`` bounds the node bytes decoded (a shared node counts each time it is used), so
+    a small hostile DAG cannot expand into gigabytes."""
     nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
     frontier: list[ObjectId] = [root]
     while frontier:
@@ -276,20 +279,25 @@ def load(root: ObjectId, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],
         frontier = [c for c in dict.fromkeys(nxt) if c not in nodes]
     if seen is not None:
         seen.update(nodes)
-    return _Loader(nodes, types).value(root, 0)
+    return _Loader(nodes, types, max_bytes).value(root, 0)
 
 
 class _Loader:
     def __init__(self, nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]],
-                 types: codec.TypeRegistry | None) -> None:
-        self.nodes, self.types, self.visits = nodes, types, 0
+                 types: codec.TypeRegistry | None, max_bytes: int) -> None:
+        self.nodes, self.types, self.visits, self.budget = nodes, types, 0, max_bytes
+
+    def visit(self, oid: ObjectId, depth: int) -> tuple[tuple[ObjectId, ...], memoryview]:
+        children, payload = self.nodes[oid]
+        self.visits += 1
+        self.budget -= len(payload)
+        if self.visits > MAX_VISITS or depth > MAX_DEPTH or self.budget < 0:
+            raise FormatError(f"state tree under {oid} is too deep or expands too far beyond "
+                              "the size its record gives; the store is corrupt or hostile")
+        return children, payload
 
     def value(self, oid: ObjectId, depth: int) -> Any:
-        self.visits += 1
-        if self.visits > MAX_VISITS or depth > MAX_DEPTH:
-            raise FormatError(f"state tree under {oid} is too deep or expands too far; the "
-                              "store is corrupt or hostile")
-        children, payload = self.nodes[oid]
+        children, payload = self.visit(oid, depth)
         if not payload:
             raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
         shape = payload[0]
@@ -328,11 +336,7 @@ class _Loader:
 
     def flat(self, oid: ObjectId, is_map: bool, out: list[memoryview], depth: int) -> int | None:
         """Append the item bytes of every leaf under ``oid``; None if a leaf has children."""
-        self.visits += 1
-        if self.visits > MAX_VISITS or depth > MAX_DEPTH:
-            raise FormatError(f"state tree under {oid} is too deep or expands too far; the "
-                              "store is corrupt or hostile")
-        children, payload = self.nodes[oid]
+        children, payload = self.visit(oid, depth)
         if not payload:
             raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
         shape = payload[0]
