@@ -19,8 +19,9 @@ from .errors import (
     StorageError,
     UnsafeStorageError,
 )
+from .gc import GCReport, PruneReport
 from .objects import CheckpointId, ObjectId
-from .store import Checkpoint, CheckpointInfo, CheckpointStore
+from .store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
 from .verify import Problem, VerifyReport
 
 __all__ = [
@@ -31,13 +32,16 @@ __all__ = [
     "CheckpointStore",
     "ConflictError",
     "FormatError",
+    "GCReport",
     "IntegrityError",
     "InvalidArgumentError",
     "NotFoundError",
     "ObjectId",
     "Problem",
+    "PruneReport",
     "SerializationError",
     "StorageError",
+    "StoreStats",
     "TypeRegistry",
     "UnsafeStorageError",
     "VerifyReport",

@@ -176,6 +176,8 @@ class S3Backend(Backend):
                     except FileNotFoundError as exc:
                         if not _is_missing(exc):
                             raise
+                raise OSError(errno.EIO, f"{key} was deleted three times while being written "
+                              "(a gc with a very short grace is running?); retry the save")
 
         async def all_() -> None:
             await asyncio.gather(*(one(k, v) for k, v in items.items()))
