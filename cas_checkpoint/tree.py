@@ -7,7 +7,9 @@ differ by an appended message, a changed item or a new key share every node but 
 * a list/tuple is cut after an item when ``crc32(item bytes)`` falls under a threshold that grows
   with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
   ends its leaf, small items group into leaves of about ``LEAF_TARGET`` bytes. Boundaries depend
-  only on the items, never on offsets, so an insert or an append moves no other boundary;
+  only on the items, never on offsets, so an insert or an append moves no other boundary. A list
+  of ``LONG_LIST`` items or more uses ``LONG_LEAF_TARGET`` instead (crossing that length re-cuts
+  the list once), trading a larger write per append for far fewer nodes to read;
 * index nodes are cut the same way over their children's ids (about ``FANOUT`` children each);
 * a dict with many keys is cut over its (key, value) pairs in order; a dict value bigger than
   ``SPLIT_MIN`` becomes its own subtree (so ``{"messages": [...], "step": 3}`` keeps the list
@@ -35,6 +37,8 @@ from .objects import ObjectId, decode_node, encode_node, object_id
 VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 512  # average leaf bytes; an item at least this big ends its leaf
+LONG_LIST = 4096  # a list of this many items or more uses the larger target below:
+LONG_LEAF_TARGET = 4096  # fewer, larger leaves load much faster; an append writes ~4 KB
 LEAF_MAX_ITEMS = 1024
 FANOUT = 4  # average children of an index node
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
@@ -149,7 +153,8 @@ class _Builder:
             pos = end
             big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
             items.append((b"", raw, self.subtree(item, raw) if big else None))
-        return self._index(self._leaves(items, _array_header), shape)
+        target = LONG_LEAF_TARGET if len(items) >= LONG_LIST else LEAF_TARGET
+        return self._index(self._leaves(items, _array_header, target), shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
@@ -195,8 +200,9 @@ class _Builder:
                 children.append(child)
         return self.node(VALUE, b"".join(parts), children)
 
-    def _leaves(self, items: list[_Item], header: Callable[[int], bytes]) -> list[ObjectId]:
-        """Cut after an item with probability size / LEAF_TARGET, decided by its content."""
+    def _leaves(self, items: list[_Item], header: Callable[[int], bytes],
+                target: int = LEAF_TARGET) -> list[ObjectId]:
+        """Cut after an item with probability size / target, decided by its content."""
         leaves: list[ObjectId] = []
         group: list[_Item] = []
         for item in items:
@@ -204,7 +210,7 @@ class _Builder:
             group.append(item)
             weight = 64 if child is not None else len(prefix) + len(raw)
             h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
-            if h * LEAF_TARGET < weight * 0xFFFFFFFF or len(group) >= LEAF_MAX_ITEMS:
+            if h * target < weight * 0xFFFFFFFF or len(group) >= LEAF_MAX_ITEMS:
                 leaves.append(self._leaf(group, header))
                 group = []
         if group:
