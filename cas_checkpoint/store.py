@@ -42,6 +42,7 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 _UNSET: Any = ...
+REFRESH_AFTER = 5.0  # seconds: a save still retrying its ref after this rewrites its nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +189,15 @@ class CheckpointStore:
             base_id, base_nodes = None, frozenset()
         self.objects.put_many({k: v for k, v in built.objects.items() if k not in base_nodes})
         skipped = {k: v for k, v in built.objects.items() if k in base_nodes}
-        saved: dict[str, Any] = {}
+        saved: dict[str, Any] = {"written": time.monotonic()}
 
         def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
             if skipped and (ref is None or ref.head.head != base_id):
                 self.objects.put_many(skipped)
                 skipped.clear()
+            if time.monotonic() - saved["written"] > REFRESH_AFTER:  # a long contended save:
+                self.objects.put_many(built.objects)  # refresh its nodes for a running gc
+                saved["written"] = time.monotonic()
             head = ref.head if ref else Head(thread_id, None)
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),

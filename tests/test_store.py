@@ -335,3 +335,35 @@ def test_store_from_fs_object(tmp_path: Any) -> None:
     store = CheckpointStore(fsspec.filesystem("file"), str(tmp_path / "s"))
     store.save("t", {"a": 1})
     assert CheckpointStore.open(tmp_path / "s").load("t").state == {"a": 1}
+
+
+def test_a_save_retrying_its_ref_for_long_rewrites_its_nodes(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Any) -> None:
+    from cas_checkpoint import store as store_mod
+    from cas_checkpoint.backend import RefMismatch
+
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", msgs(200))
+    monkeypatch.setattr(store_mod, "REFRESH_AFTER", 0.0)
+    written: list[int] = []
+    real_put, real_ref = store.backend.put_many, store.backend.write_ref
+    fails = [1]
+
+    def put(items: dict[str, bytes]) -> None:
+        written.append(sum(1 for k in items if k.startswith("objects/")))
+        real_put(items)
+
+    def ref(key: str, data: bytes, expected: str | None) -> str:
+        if fails:
+            fails.pop()
+            raise RefMismatch(key)  # lose one race
+        return real_ref(key, data, expected)
+
+    monkeypatch.setattr(store.backend, "put_many", put)
+    monkeypatch.setattr(store.backend, "write_ref", ref)
+    state = msgs(201)
+    store.save("t", state)
+    nodes = len([1 for k, d in store.backend.get_many(
+        [i.key for i in store.backend.list("objects")]).items() if d and d[:4] == b"CASN"])
+    assert max(written) > 10 and nodes > 10  # the whole tree went out again on the retry
+    assert store.load("t").state == state and store.count("t") == 2
