@@ -10,15 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import CasError, CheckpointStore
+from ._fmt import human_bytes as _human
 from .store import CheckpointInfo
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _print_history(store: CheckpointStore, thread: str, limit: int | None = None) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import msgpack
 
+from ._fmt import human_bytes as _human
 from .backend import Backend, LocalBackend
 from .errors import CasError, NotFoundError, StorageError
 from .objects import (
@@ -139,14 +140,6 @@ class VerifyReport:
                 lines.append(f"    checkpoints ({len(p.checkpoints)}): "
                              + ", ".join(p.checkpoints))
         return "\n".join(lines)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 @dataclass(slots=True)
