@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
+from cas_checkpoint._fmt import human_bytes as human  # noqa: F401  (re-exported)
+
 
 @contextlib.contextmanager
 def moto_s3() -> Iterator[dict[str, Any]]:
@@ -62,11 +64,3 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
                         enumerate(zip(r, widths, strict=True))) for r in cells]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
