@@ -48,26 +48,27 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def error_code(exc: BaseException) -> str:
-    """The S3 error code (``NoSuchBucket``...) of an exception or its causes, or ''."""
+def _response_field(exc: BaseException, section: str, key: str) -> object:
+    """``response[section][key]`` of the first exception in the cause chain that has it."""
     for e in _chain(exc):
         response = getattr(e, "response", None)
         if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            if code:
-                return str(code)
-    return ""
+            value = response.get(section, {}).get(key)
+            if value:
+                return value
+    return None
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code (``NoSuchBucket``...) of an exception or its causes, or ''."""
+    code = _response_field(exc, "Error", "Code")
+    return str(code) if code else ""
 
 
 def error_status(exc: BaseException) -> int:
     """The HTTP status of an exception or its causes, or 0."""
-    for e in _chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status:
-                return int(status)
-    return 0
+    status = _response_field(exc, "ResponseMetadata", "HTTPStatusCode")
+    return int(status) if isinstance(status, (int, str)) and status else 0
 
 
 def is_precondition(exc: BaseException) -> bool:
