@@ -8,9 +8,14 @@ differ by an appended message, a changed item or a new key share every node but 
   with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
   ends its leaf, small items group into leaves of about ``LEAF_TARGET`` bytes. Boundaries depend
   only on the items, never on offsets, so an insert or an append moves no other boundary. A list
-  of ``LONG_LIST`` items or more uses ``LONG_LEAF_TARGET`` instead (crossing that length re-cuts
-  the list once), trading a larger write per append for far fewer nodes to read;
-* index nodes are cut the same way over their children's ids (about ``FANOUT`` children each);
+  of ``LONG_LIST`` items or more is cut in two tiers: regions closed by a rarer boundary
+  (``LONG_LEAF_TARGET``) are one big leaf each, so a long list loads from few nodes, and only the
+  last, open region is cut finely (``LONG_TAIL_TARGET``), so an append still writes a small leaf
+  (and, when it closes a region, that region's big leaf once);
+* index nodes are cut the same way over their children's ids (about ``FANOUT`` children each).
+  Open groups (a level's nodes since its last boundary) are not chained: the top node names the
+  newest leaves and one "spine" node; the spine names the top level and each higher level's open
+  group. An append rewrites the top node, and the spine only when a group closes;
 * a dict with many keys is cut over its (key, value) pairs in order; a dict value bigger than
   ``SPLIT_MIN`` becomes its own subtree (so ``{"messages": [...], "step": 3}`` keeps the list
   shared when only ``step`` changes);
@@ -36,11 +41,12 @@ from .objects import ObjectId, decode_node, encode_node, object_id
 
 VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
-LEAF_TARGET = 512  # average leaf bytes; an item at least this big ends its leaf
-LONG_LIST = 4096  # a list of this many items or more uses the larger target below:
-LONG_LEAF_TARGET = 4096  # fewer, larger leaves load much faster; an append writes ~4 KB
+LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
+LONG_LIST = 4096  # a list of this many items or more is cut in two tiers (see sequence):
+LONG_LEAF_TARGET = 64 * 1024  # closed regions: few, large leaves load fast
+LONG_TAIL_TARGET = 2048  # the open region at the end: an append rewrites ~2 KB
 LEAF_MAX_ITEMS = 1024
-FANOUT = 4  # average children of an index node
+FANOUT = 3  # average children of an index node
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
 DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
@@ -153,8 +159,18 @@ class _Builder:
             pos = end
             big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
             items.append((b"", raw, self.subtree(item, raw) if big else None))
-        target = LONG_LEAF_TARGET if len(items) >= LONG_LIST else LEAF_TARGET
-        return self._index(self._leaves(items, _array_header, target), shape)
+        if len(items) < LONG_LIST:
+            return self._index(self._leaves(items, _array_header), shape)
+        # a long list: regions closed by a rarer boundary become one big leaf each (few nodes
+        # to read); the last, open region is cut as usual (an append writes a small leaf)
+        regions = self._groups(items, LONG_LEAF_TARGET)
+        leaves = [self._leaf(region, _array_header) for region in regions[:-1]]
+        last = regions[-1] if regions else []
+        if last and self._cuts(last[-1], LONG_LEAF_TARGET):
+            leaves.append(self._leaf(last, _array_header))
+        else:
+            leaves += self._leaves(last, _array_header, LONG_TAIL_TARGET)
+        return self._index(leaves, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
@@ -200,31 +216,39 @@ class _Builder:
                 children.append(child)
         return self.node(VALUE, b"".join(parts), children)
 
-    def _leaves(self, items: list[_Item], header: Callable[[int], bytes],
-                target: int = LEAF_TARGET) -> list[ObjectId]:
-        """Cut after an item with probability size / target, decided by its content."""
-        leaves: list[ObjectId] = []
+    @staticmethod
+    def _cuts(item: _Item, target: int) -> bool:
+        """Whether a leaf ends after ``item``: with probability size / target, by content."""
+        prefix, raw, child = item
+        weight = 64 if child is not None else len(prefix) + len(raw)
+        h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
+        return h * target < weight * 0xFFFFFFFF
+
+    def _groups(self, items: list[_Item], target: int) -> list[list[_Item]]:
+        groups: list[list[_Item]] = []
         group: list[_Item] = []
         for item in items:
-            prefix, raw, child = item
             group.append(item)
-            weight = 64 if child is not None else len(prefix) + len(raw)
-            h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
-            if h * target < weight * 0xFFFFFFFF or len(group) >= LEAF_MAX_ITEMS:
-                leaves.append(self._leaf(group, header))
+            if self._cuts(item, target) or len(group) >= LEAF_MAX_ITEMS:
+                groups.append(group)
                 group = []
         if group:
-            leaves.append(self._leaf(group, header))
-        return leaves
+            groups.append(group)
+        return groups
+
+    def _leaves(self, items: list[_Item], header: Callable[[int], bytes],
+                target: int = LEAF_TARGET) -> list[ObjectId]:
+        return [self._leaf(group, header) for group in self._groups(items, target)]
 
     def _index(self, level: list[ObjectId], shape: int) -> ObjectId:
         """Index nodes over ``level``, up to one top node of ``shape``.
 
         At each level, children are grouped until one that closes a group (by its id); the
-        closed groups become index nodes one level up. The last, still open group of every
-        level is not written as a node of its own: its members go straight into the top node,
-        after the highest level's nodes. Appending therefore rewrites only the top node (and
-        now and then writes a newly closed group), never a chain of half-full nodes."""
+        closed groups become index nodes one level up. The last, still open group of a level
+        holds the nodes closed since that level's last boundary: at the lowest level its
+        members go straight into the top node, at higher levels it is a node of its own that
+        the top node names. An append therefore rewrites the top node, and only now and then
+        a higher open group (when a group below it closes), never a chain of half-full nodes."""
         inner = LIST if shape in (LIST, TUPLE) else shape
         loose: list[list[ObjectId]] = []  # open groups, lowest level first
         depth = 0
@@ -245,10 +269,15 @@ class _Builder:
                 break
             level = [self.node(inner, b"", g) for g in groups]
             depth += 1
-        children = list(level)
-        for group in reversed(loose):
-            children.extend(group)
-        return self.node(shape, b"", children)
+        spine = list(level)
+        for group in reversed(loose[1:]):
+            if len(group) > 1:
+                spine.append(self.node(inner, b"", group))
+            else:
+                spine.extend(group)
+        if len(spine) > 1 and loose and loose[0]:
+            spine = [self.node(inner, b"", spine)]
+        return self.node(shape, b"", spine + (loose[0] if loose else []))
 
 
 _Item = tuple[bytes, bytes, ObjectId | None]  # (dict key bytes or b"", value bytes, subtree)
