@@ -20,6 +20,8 @@ different order encode differently). Everything else is one of these ext types::
     12    Ref                   index, unsigned big-endian in 1, 2, 4 or 8 bytes (minimal)
     13    registered class      [name, state]: state is the fields map (dataclass, pydantic
                                 model), the root value (RootModel) or the value (Enum member)
+    14    Span                  shape (1 byte), start and count (LEB128 varints, minimal):
+                                children start..start+count-1 joined into one value
 
     tz: nil, a str (zoneinfo.ZoneInfo key) or [utcoffset in microseconds, name or nil]
     (datetime.timezone; the name only if one was given).
@@ -50,8 +52,9 @@ from typing import Any, Final, cast
 import msgpack
 
 from .errors import FormatError, InvalidArgumentError, SerializationError
+from .links import Ref, Span, span_fields, varint
 
-__all__ = ["MAX_EXT_DEPTH", "Ref", "TypeRegistry", "decode", "encode"]
+__all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode"]
 
 MAX_EXT_DEPTH: Final = 64  # tuples/sets/datetimes/registered objects inside each other
 _NATIVE_LIMIT: Final = 1023  # list/dict depth that msgpack both writes and reads back
@@ -64,27 +67,17 @@ _MAX_BIGINT_BYTES: Final = 1 << 20
 _CORRUPT: Final = "the object is corrupt or was not written by cas_checkpoint"
 
 _BIGINT, _TUPLE, _SET, _FROZENSET, _DATETIME, _DATE, _TIME = 1, 3, 4, 5, 6, 7, 8
-_TIMEDELTA, _UUID, _DECIMAL, _REF, _OBJECT = 9, 10, 11, 12, 13
+_TIMEDELTA, _UUID, _DECIMAL, _REF, _OBJECT, _SPAN = 9, 10, 11, 12, 13, 14
 _EXT_NAMES: Final = ("", "int", "", "tuple", "set", "frozenset", "datetime", "date", "time",
-                     "timedelta", "UUID", "Decimal", "Ref", "registered object")  # fmt: skip
-_RAW_CODES: Final = frozenset({_BIGINT, _UUID, _DECIMAL, _REF})
+                     "timedelta", "UUID", "Decimal", "Ref", "registered object",
+                     "Span")  # fmt: skip
+_RAW_CODES: Final = frozenset({_BIGINT, _UUID, _DECIMAL, _REF, _SPAN})
 _ZONE_KEY_RE: Final = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 _DECIMAL_RE: Final = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?(?:E[+-][0-9]+)?|Infinity|s?NaN[0-9]*)")
 _USEC: Final = _dt.timedelta(microseconds=1)
 _DATACLASS, _MODEL, _ENUM = "dataclass", "pydantic model", "Enum"
 _BUILTINS: Final = (dict, list, tuple, str, bytes, int, float, set, frozenset, _dt.datetime,
                     _dt.date, _dt.time, _dt.timedelta, uuid.UUID, decimal.Decimal)  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ref:
-    """Placeholder for a child node: encodes as ext 12 holding ``index`` (non-negative int)."""
-
-    index: int
-
-    def __post_init__(self) -> None:
-        if type(self.index) is not int or not 0 <= self.index < 1 << 64:
-            raise InvalidArgumentError(f"Ref index must be an int in [0, 2**64): {self.index!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -250,6 +243,8 @@ def _reduce(obj: Any, reg: TypeRegistry) -> tuple[int, Any]:
         return _DECIMAL, str(obj).encode("ascii")
     if t is Ref:  # the index was checked by Ref.__post_init__
         return _REF, obj.index.to_bytes(next(n for n in (1, 2, 4, 8) if obj.index >> 8 * n == 0))
+    if t is Span:
+        return _SPAN, bytes([obj.shape]) + varint(obj.start) + varint(obj.count)
     entry = reg._by_class.get(t)
     if entry is None:
         raise _refuse(obj)
@@ -454,10 +449,11 @@ def _tz_from(state: Any) -> _dt.tzinfo | None:
 
 
 class _Decoder:
-    __slots__ = ("depth", "reg", "resolve")
+    __slots__ = ("depth", "reg", "resolve", "span")
 
-    def __init__(self, reg: TypeRegistry, resolve: Callable[[int], Any] | None) -> None:
-        self.reg, self.resolve, self.depth = reg, resolve, 0
+    def __init__(self, reg: TypeRegistry, resolve: Callable[[int], Any] | None,
+                 span: Callable[[int, int, int], Any] | None = None) -> None:
+        self.reg, self.resolve, self.span, self.depth = reg, resolve, span, 0
 
     def unpack(self, data: bytes) -> Any:
         if self.depth >= MAX_EXT_DEPTH:
@@ -520,6 +516,13 @@ class _Decoder:
                     return self.resolve(index)
                 except BaseException as exc:
                     raise _ResolveFailed(exc) from None
+        if code == _SPAN and (fields := span_fields(data)) is not None:
+            if self.span is None:
+                raise FormatError("found a Span but no span function was given")
+            try:
+                return self.span(*fields)
+            except BaseException as exc:
+                raise _ResolveFailed(exc) from None
         if code == _OBJECT and type(data) is list and len(data) == 2 and type(data[0]) is str:
             return self.build_object(data[0], data[1])
         raise FormatError(f"invalid {_EXT_NAMES[code]} payload; {_CORRUPT}")
@@ -558,14 +561,16 @@ def decode(
     *,
     types: TypeRegistry | None = None,
     resolve: Callable[[int], Any] | None = None,
+    span: Callable[[int, int, int], Any] | None = None,
 ) -> Any:
     """Decode bytes written by :func:`encode`; bad bytes raise FormatError, nothing else.
 
-    Each Ref is replaced by ``resolve(index)``; exceptions from ``resolve`` pass unchanged.
+    Each Ref is replaced by ``resolve(index)``, each Span by ``span(shape, start, count)``;
+    exceptions from either pass unchanged.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"decode() needs bytes, got {type(data).__name__}")
-    decoder = _Decoder(_NO_TYPES if types is None else types, resolve)
+    decoder = _Decoder(_NO_TYPES if types is None else types, resolve, span)
     try:
         return msgpack.unpackb(data, ext_hook=decoder.ext_hook, strict_map_key=False, timestamp=3)
     except FormatError:

@@ -5,7 +5,9 @@
 * ``gc`` deletes every object that no ref reaches and that is older than a grace period, judged by
   the storage's own modified times. What a ref reaches: heads -> log segments -> log entries ->
   checkpoint records -> state node trees (any shape: nodes are walked with ``decode_node``). A
-  record's parents are NOT followed: a checkpoint pruned out of every log is garbage.
+  small root node lives inside its record, not as an object: the record's children are then
+  the inline root's children. A record's parents are NOT followed: a checkpoint pruned out of
+  every log is garbage.
 
 How gc stays safe with writers active, and with no lock that blocks them:
 
@@ -273,7 +275,7 @@ def _children(data: bytes) -> tuple[str, ...]:
     if kind == NODE:
         return decode_node(data)[0]
     if kind == RECORD:
-        return (Record.decode(data).root,)
+        return Record.decode(data).children()  # an inline root is no object: its children
     if kind == SEGMENT:
         seg = Segment.decode(data)
         return seg.children + tuple(e.id for e in seg.entries)

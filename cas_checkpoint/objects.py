@@ -8,10 +8,21 @@ Every object starts with a 5-byte header: ``b"CAS"``, a kind byte, and a format 
 kind   name             body
 =====  ===============  ============================================================
 ``N``  state node       varint child count, 32-byte child ids, codec bytes of a value
-``C``  checkpoint       msgpack map: thread, parents, state root, step, time, label...
+``C``  checkpoint       msgpack array: thread, parents, state root, step, time, size, label,
+                        tags, metadata
 ``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
 ``H``  thread head      msgpack map: head id, entry count, tail entries, segment peaks
 =====  ===============  ============================================================
+
+Two encodings keep the bytes every save writes small:
+
+* a record's state root is a 32-byte id, or, when the root node encodes to at most
+  ``INLINE_ROOT_MAX`` bytes, the node itself minus its 5-byte header (any length but 32, so the
+  two never mix up); the root's id is then the hash of header + those bytes, and no object of
+  that id is stored. The record's own hash covers the node;
+* a log entry (in a level-0 segment or a head's tail) whose parents are exactly the previous
+  entry of the same container stores ``nil`` instead of its parent list. Each container decodes
+  on its own: its first entry always lists its parents.
 
 Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap);
 nodes, checkpoint records and segments are immutable objects under ``objects/``.
@@ -38,6 +49,7 @@ NODE, RECORD, SEGMENT, HEAD = b"N", b"C", b"L", b"H"
 _HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD)}
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_META_BYTES = 64 * 1024
+INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
 
 
 def object_id(data: bytes | memoryview) -> ObjectId:
@@ -158,10 +170,13 @@ class LogEntry:
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def pack(self) -> list[Any]:
+    def pack(self, prev: CheckpointId | None = None) -> list[Any]:
+        """The entry as a list; parents are ``nil`` when they are exactly ``(prev,)``, the id of
+        the entry before this one in the same container."""
         return [
             _bin_id(self.id),
-            [_bin_id(p) for p in self.parents],
+            None if prev is not None and self.parents == (prev,)
+            else [_bin_id(p) for p in self.parents],
             self.step,
             self.created_at,
             self.size,
@@ -171,18 +186,39 @@ class LogEntry:
         ]
 
     @staticmethod
-    def unpack(raw: object) -> LogEntry:
+    def unpack(raw: object, prev: CheckpointId | None = None) -> LogEntry:
+        """Inverse of ``pack(prev)``: ``nil`` parents stand for ``(prev,)``."""
         if not isinstance(raw, list) or len(raw) != 8:
             raise _bad("log entry must be an 8-item list")
         cid, parents, step, created, size, label, tags, meta = raw
         if not isinstance(cid, bytes) or len(cid) != 32:
             raise _bad("log entry id must be 32 bytes")
         _check_fields(step, created, size, label, tags, meta)
-        return LogEntry(
-            CheckpointId(cid.hex()),
-            tuple(CheckpointId(p) for p in _hex_ids(parents, "parents")),
-            step, float(created), size, label, tuple(tags), meta,
-        )
+        if parents is None:
+            if prev is None:
+                raise _bad("the first log entry of a segment or head names its parent by "
+                           "back-reference, but there is no entry before it")
+            back: tuple[CheckpointId, ...] = (prev,)
+        else:
+            back = tuple(CheckpointId(p) for p in _hex_ids(parents, "parents"))
+        return LogEntry(CheckpointId(cid.hex()), back, step, float(created), size, label,
+                        tuple(tags), meta)
+
+
+def _pack_entries(entries: tuple[LogEntry, ...]) -> list[list[Any]]:
+    """Entries of one container, each naming its parent by back-reference where it can."""
+    out, prev = [], None
+    for e in entries:
+        out.append(e.pack(prev))
+        prev = e.id
+    return out
+
+
+def _unpack_entries(raw: list[Any]) -> tuple[LogEntry, ...]:
+    out: list[LogEntry] = []
+    for item in raw:
+        out.append(LogEntry.unpack(item, out[-1].id if out else None))
+    return tuple(out)
 
 
 def _check_fields(step: object, created: object, size: object, label: object, tags: object,
@@ -201,10 +237,20 @@ def _check_fields(step: object, created: object, size: object, label: object, ta
         raise _bad("metadata must be a map")
 
 
+def inlinable(node: bytes) -> bool:
+    """Whether a root node's encoding can be stored inside its checkpoint record."""
+    return (5 < len(node) <= INLINE_ROOT_MAX and node[:5] == _HEADERS[NODE]
+            and len(node) - 5 != 32)  # a 32-byte root field is an id
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """A checkpoint record. Its ObjectId is the checkpoint id; it names parents and state root
-    by hash, so an id covers the whole history behind it."""
+    by hash, so an id covers the whole history behind it.
+
+    ``root`` is always the root node's id. ``root_node`` is the root node's full encoding
+    (header included) when the record holds it inline (see ``inlinable``); that node is then
+    not stored as an object of its own."""
 
     thread_id: str
     parents: tuple[CheckpointId, ...]
@@ -215,40 +261,67 @@ class Record:
     label: str | None = None
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    root_node: bytes | None = None
 
     def encode(self) -> bytes:
-        return _pack(RECORD, {
-            "t": self.thread_id,
-            "p": [_bin_id(p) for p in self.parents],
-            "r": _bin_id(self.root),
-            "n": self.step,
-            "c": self.created_at,
-            "z": self.size,
-            "l": self.label,
-            "g": list(self.tags),
-            "m": self.metadata,
-        })
+        if self.root_node is None:
+            root = _bin_id(self.root)
+        elif not inlinable(self.root_node):
+            raise ValueError("root_node is not a state node that fits in a record; pass "
+                             "root_node=None and store the node as an object")
+        elif object_id(self.root_node) != self.root:
+            raise ValueError("root_node does not hash to root")
+        else:
+            root = self.root_node[5:]
+        return _pack(RECORD, [
+            self.thread_id,
+            [_bin_id(p) for p in self.parents],
+            root,
+            self.step,
+            self.created_at,
+            self.size,
+            self.label,
+            list(self.tags),
+            self.metadata,
+        ])
 
     def entry(self, cid: CheckpointId) -> LogEntry:
         return LogEntry(cid, self.parents, self.step, self.created_at, self.size, self.label,
                         self.tags, self.metadata)
 
+    def children(self) -> tuple[ObjectId, ...]:
+        """The stored state nodes this record names directly: its root, or the children of
+        its inline root."""
+        if self.root_node is None:
+            return (self.root,)
+        return decode_node(self.root_node)[0]
+
     @staticmethod
     def decode(data: bytes | memoryview) -> Record:
         body = _unpack_body(data, RECORD)
-        if not isinstance(body, dict) or set(body) != set("tprnczlgm"):
-            raise _bad("checkpoint record must be a map with keys t,p,r,n,c,z,l,g,m")
-        thread, root = body["t"], body["r"]
+        if not isinstance(body, list) or len(body) != 9:
+            raise _bad("checkpoint record must be a 9-item array")
+        thread, parents, root, step, created, size, label, tags, meta = body
         if not isinstance(thread, str):
             raise _bad("record thread must be a string")
-        if not isinstance(root, bytes) or len(root) != 32:
-            raise _bad("record state root must be 32 bytes")
-        _check_fields(body["n"], body["c"], body["z"], body["l"], body["g"], body["m"])
+        if not isinstance(root, bytes) or not 0 < len(root) <= INLINE_ROOT_MAX - 5:
+            raise _bad("record state root must be a 32-byte id or an inline node of at most "
+                       f"{INLINE_ROOT_MAX - 5} bytes")
+        _check_fields(step, created, size, label, tags, meta)
+        node = None
+        if len(root) == 32:
+            oid = ObjectId(root.hex())
+        else:
+            node = _HEADERS[NODE] + root
+            try:
+                decode_node(node)
+            except FormatError:
+                raise _bad("the state root stored inside the record is not a valid state "
+                           "node") from None
+            oid = object_id(node)
         return Record(
-            thread,
-            tuple(CheckpointId(p) for p in _hex_ids(body["p"], "parents")),
-            ObjectId(root.hex()), body["n"], float(body["c"]), body["z"], body["l"],
-            tuple(body["g"]), body["m"],
+            thread, tuple(CheckpointId(p) for p in _hex_ids(parents, "parents")), oid, step,
+            float(created), size, label, tuple(tags), meta, node,
         )
 
 
@@ -265,7 +338,7 @@ class Segment:
 
     def encode(self) -> bytes:
         if self.level == 0:
-            return _pack(SEGMENT, {"v": 0, "e": [e.pack() for e in self.entries]})
+            return _pack(SEGMENT, {"v": 0, "e": _pack_entries(self.entries)})
         return _pack(SEGMENT, {"v": self.level, "c": [_bin_id(c) for c in self.children]})
 
     @staticmethod
@@ -275,7 +348,7 @@ class Segment:
             raise _bad("segment must be a map with a level")
         level = body["v"]
         if level == 0 and isinstance(body.get("e"), list) and len(body) == 2:
-            return Segment(0, entries=tuple(LogEntry.unpack(e) for e in body["e"]))
+            return Segment(0, entries=_unpack_entries(body["e"]))
         if 0 < level < 64 and len(body) == 2 and "c" in body:
             return Segment(level, children=tuple(ObjectId(c)
                                                  for c in _hex_ids(body["c"], "children")))
@@ -311,7 +384,7 @@ class Head:
             "h": None if self.head is None else _bin_id(self.head),
             "s": self.head_step,
             "p": [[_bin_id(p.id), p.level, p.count] for p in self.peaks],
-            "e": [e.pack() for e in self.tail],
+            "e": _pack_entries(self.tail),
         })
 
     @staticmethod
@@ -341,5 +414,5 @@ class Head:
             None if head is None else CheckpointId(head.hex()),
             step,
             tuple(out),
-            tuple(LogEntry.unpack(e) for e in tail),
+            _unpack_entries(tail),
         )

@@ -29,6 +29,7 @@ from .objects import (
     LogEntry,
     ObjectId,
     Record,
+    inlinable,
     is_object_id,
     object_id,
 )
@@ -181,14 +182,18 @@ class CheckpointStore:
         if expected_head is not _UNSET and expected_head is not None:
             expected_head = _check_id(expected_head, "expected_head")
         built = tree.build(state, self.types)  # raises before anything is written
+        # A small root node goes inside the record instead of into an object of its own.
+        root_node = built.objects[built.root]
+        inline = root_node if inlinable(root_node) else None
+        nodes = {k: v for k, v in built.objects.items() if inline is None or k != built.root}
         current = self._known.get(thread_id, _UNSET)
         # Nodes of the head we are about to extend exist and stay reachable while that head is
         # the head, so they need no write. If the head turns out to be another one, write them.
         base_id, base_nodes = self._nodes.get(thread_id, (None, frozenset()))
         if current is _UNSET or current is None or current.head.head != base_id:
             base_id, base_nodes = None, frozenset()
-        self.objects.put_many({k: v for k, v in built.objects.items() if k not in base_nodes})
-        skipped = {k: v for k, v in built.objects.items() if k in base_nodes}
+        self.objects.put_many({k: v for k, v in nodes.items() if k not in base_nodes})
+        skipped = {k: v for k, v in nodes.items() if k in base_nodes}
         saved: dict[str, Any] = {"written": time.monotonic()}
 
         def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
@@ -196,12 +201,12 @@ class CheckpointStore:
                 self.objects.put_many(skipped)
                 skipped.clear()
             if time.monotonic() - saved["written"] > REFRESH_AFTER:  # a long contended save:
-                self.objects.put_many(built.objects)  # refresh its nodes for a running gc
+                self.objects.put_many(nodes)  # refresh its nodes for a running gc
                 saved["written"] = time.monotonic()
             head = ref.head if ref else Head(thread_id, None)
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
-                            built.size, label, tags_t, meta)
+                            built.size, label, tags_t, meta, inline)
             data = record.encode()
             cid = CheckpointId(object_id(data))
             self.objects.put_many({ObjectId(cid): data})  # the record before the ref
@@ -223,7 +228,7 @@ class CheckpointStore:
         entry: LogEntry = saved["entry"]
         if ref is not None:
             self._known[thread_id] = ref
-            self._nodes[thread_id] = (entry.id, frozenset(built.objects))
+            self._nodes[thread_id] = (entry.id, frozenset(nodes))  # stored nodes only
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
         return _info(entry, thread_id)
@@ -285,8 +290,22 @@ class CheckpointStore:
             record = Record.decode(self.objects.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
-        state = tree.load(record.root, self.objects.get_many, self.types, seen,
+        inline = record.root_node
+
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
+            if inline is None:
+                return self.objects.get_many(oids)
+            # the root is in the record (its hash covers it): read only the nodes under it
+            rest = [o for o in oids if o != record.root]
+            out = self.objects.get_many(rest) if rest else {}
+            if len(rest) < len(oids):
+                out[record.root] = inline
+            return out
+
+        state = tree.load(record.root, fetch, self.types, seen,
                           max_bytes=2 * record.size + (1 << 20))
+        if inline is not None and seen is not None:
+            seen.discard(record.root)  # not an object: a later save must never skip writing it
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
                           record.label, record.tags, record.metadata, state)

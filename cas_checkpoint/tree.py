@@ -12,7 +12,10 @@ differ by an appended message, a changed item or a new key share every node but 
   (``LONG_LEAF_TARGET``) are one big leaf each, so a long list loads from few nodes, and only the
   last, open region is cut finely (``LONG_TAIL_TARGET``), so an append still writes a small leaf
   (and, when it closes a region, that region's big leaf once);
-* index nodes are cut the same way over their children's ids (about ``FANOUT`` children each).
+* index nodes are cut over their children's ids, normalized as in FastCDC: a group closes at
+  a child whose id passes a 1-in-2 test once it has ``INDEX_MIN`` children, and at
+  ``INDEX_MAX`` at the latest (about ``FANOUT`` children each; the narrow spread keeps the open
+  groups, which every append rewrites, short).
   Open groups (a level's nodes since its last boundary) are not chained: the top node names the
   newest leaves and one "spine" node; the spine names the top level and each higher level's open
   group. An append rewrites the top node, and the spine only when a group closes;
@@ -44,9 +47,10 @@ SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
 LONG_LIST = 4096  # a list of this many items or more is cut in two tiers (see sequence):
 LONG_LEAF_TARGET = 64 * 1024  # closed regions: few, large leaves load fast
-LONG_TAIL_TARGET = 2048  # the open region at the end: an append rewrites ~2 KB
+LONG_TAIL_TARGET = 1024  # the open region at the end: an append rewrites ~1 KB
 LEAF_MAX_ITEMS = 1024
-FANOUT = 3  # average children of an index node
+FANOUT = 4  # average children of an index node: a group closes after INDEX_MIN children at a
+INDEX_MIN, INDEX_MAX = 3, 6  # child whose id passes a 1-in-2 test, or at INDEX_MAX children
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
 DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
@@ -54,6 +58,16 @@ TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
 MAX_VISITS = 1_000_000  # node visits while loading: stops a hostile DAG from exploding
 MAX_DEPTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Inline:
+    """The top node of a split value, not written on its own: its parent names its children
+    and joins them with a ``Span`` (one object and one 32-byte id fewer per save)."""
+
+    oid: ObjectId  # the id the node would have: boundaries are decided by it
+    shape: int
+    children: tuple[ObjectId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +145,8 @@ class _Builder:
         self.objects[oid] = data
         return oid
 
-    def subtree(self, value: Any, data: bytes) -> ObjectId:
-        """A node id whose value is ``value`` (``data`` is its codec encoding)."""
+    def subtree(self, value: Any, data: bytes) -> ObjectId | _Inline:
+        """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
         kind = type(value)
         if len(data) > SPLIT_MIN:
             if kind is list:
@@ -145,7 +159,7 @@ class _Builder:
                 return self.text(value)
         return self.node(VALUE, data)
 
-    def sequence(self, value: list[Any], data: bytes, shape: int) -> ObjectId:
+    def sequence(self, value: list[Any], data: bytes, shape: int) -> _Inline:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
         unpacker.feed(data)
         if unpacker.read_array_header() != len(value):
@@ -172,7 +186,7 @@ class _Builder:
             leaves += self._leaves(last, _array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
 
-    def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId:
+    def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId | _Inline:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
                                     strict_map_key=False)
         unpacker.feed(data)
@@ -193,7 +207,7 @@ class _Builder:
             return self._leaf(pairs, _map_header)
         return self._index(self._leaves(pairs, _map_header), DICT)
 
-    def text(self, value: str | bytes) -> ObjectId:
+    def text(self, value: str | bytes) -> _Inline:
         raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
         start, leaves = 0, []
         for cut in text_cuts(raw, isinstance(value, str)):
@@ -211,6 +225,10 @@ class _Builder:
             parts.append(prefix)
             if child is None:
                 parts.append(raw)
+            elif isinstance(child, _Inline):
+                span = codec.Span(child.shape, len(children), len(child.children))
+                parts.append(codec.encode(span))
+                children.extend(child.children)
             else:
                 parts.append(codec.encode(codec.Ref(len(children))))
                 children.append(child)
@@ -221,6 +239,8 @@ class _Builder:
         """Whether a leaf ends after ``item``: with probability size / target, by content."""
         prefix, raw, child = item
         weight = 64 if child is not None else len(prefix) + len(raw)
+        if isinstance(child, _Inline):
+            child = child.oid
         h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
         return h * target < weight * 0xFFFFFFFF
 
@@ -240,7 +260,7 @@ class _Builder:
                 target: int = LEAF_TARGET) -> list[ObjectId]:
         return [self._leaf(group, header) for group in self._groups(items, target)]
 
-    def _index(self, level: list[ObjectId], shape: int) -> ObjectId:
+    def _index(self, level: list[ObjectId], shape: int) -> _Inline:
         """Index nodes over ``level``, up to one top node of ``shape``.
 
         At each level, children are grouped until one that closes a group (by its id); the
@@ -257,12 +277,9 @@ class _Builder:
             group: list[ObjectId] = []
             for child in level:
                 group.append(child)
-                if _closes(child, depth) or len(group) >= 8 * FANOUT:
+                if len(group) >= INDEX_MIN and _closes(child, depth) or len(group) >= INDEX_MAX:
                     groups.append(group)
                     group = []
-            if len(groups) == len(level):  # every child closed: fixed groups instead
-                groups = [level[i:i + FANOUT] for i in range(0, len(level), FANOUT)]
-                group = groups.pop() if len(groups) > 1 else []
             loose.append(group)
             if not groups:
                 level = []
@@ -270,28 +287,30 @@ class _Builder:
             level = [self.node(inner, b"", g) for g in groups]
             depth += 1
         spine = list(level)
-        for group in reversed(loose[1:]):
-            if len(group) > 1:
-                spine.append(self.node(inner, b"", group))
+        for at in range(len(loose) - 1, 0, -1):
+            if at > 1 and len(loose[at]) > 1:
+                spine.append(self.node(inner, b"", loose[at]))
             else:
-                spine.extend(group)
+                spine.extend(loose[at])
         if len(spine) > 1 and loose and loose[0]:
             spine = [self.node(inner, b"", spine)]
-        return self.node(shape, b"", spine + (loose[0] if loose else []))
+        children = tuple(spine + (loose[0] if loose else []))
+        return _Inline(object_id(encode_node(bytes([shape]), children)), shape, children)
 
 
-_Item = tuple[bytes, bytes, ObjectId | None]  # (dict key bytes or b"", value bytes, subtree)
+_Item = tuple[bytes, bytes, ObjectId | _Inline | None]  # (dict key or b"", value, subtree)
 
 
 def _closes(child: ObjectId, depth: int) -> bool:
-    return zlib.crc32(bytes.fromhex(child), depth) % FANOUT == 0
+    return zlib.crc32(bytes.fromhex(child), depth) & 1 == 0
 
 
 def build(value: Any, types: codec.TypeRegistry | None = None) -> Built:
     """Encode a state into nodes (SerializationError before anything is written)."""
     data = codec.encode(value, types=types)
     builder = _Builder(types)
-    root = builder.subtree(value, data)
+    top = builder.subtree(value, data)
+    root = top if isinstance(top, str) else builder.node(top.shape, b"", top.children)
     return Built(root, builder.objects, len(data))
 
 
@@ -341,12 +360,29 @@ class _Loader:
                 if not 0 <= i < len(children):
                     raise FormatError(f"node {oid} refers to child {i} of {len(children)}")
                 return self.value(children[i], depth + 1)
-            return codec.decode(payload[1:], types=self.types, resolve=resolve)
+
+            def span(kind: int, start: int, count: int) -> Any:
+                if not LIST <= kind <= BYTES or start + count > len(children):
+                    raise FormatError(f"node {oid} joins children {start}..{start + count - 1} "
+                                      f"of {len(children)} into shape {kind}; it is corrupt")
+                return self.joined(oid, kind, children[start:start + count], depth + 1)
+            return codec.decode(payload[1:], types=self.types, resolve=resolve, span=span)
         if len(payload) != 1 or shape > BYTES:
             raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
+        return self.joined(oid, shape, children, depth)
+
+    def joined(self, oid: ObjectId, shape: int, children: tuple[ObjectId, ...], depth: int
+               ) -> Any:
+        """The value of ``children`` joined as ``shape`` (``oid`` names them in errors)."""
         if shape in (LIST, TUPLE, DICT):  # fast path: join the leaves' bytes, decode once
             items: list[memoryview] = []
-            count = self.flat(oid, shape == DICT, items, depth)
+            count: int | None = 0
+            for child in children:
+                got = self.flat(child, shape == DICT, items, depth + 1)
+                if got is None or count is None:
+                    count = None
+                    break
+                count += got
             if count is not None:
                 head = _map_header(count) if shape == DICT else _array_header(count)
                 joined = codec.decode(head + b"".join(items), types=self.types)

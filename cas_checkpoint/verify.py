@@ -6,7 +6,9 @@ is not. Used by :meth:`CheckpointStore.verify` and ``cas-checkpoint verify``.
   of ``objects/``, read beside the refs); segments and records are read, re-hashed and decoded,
   and each log entry must agree with its record (parents, step, time, size, label, tags,
   metadata). State nodes are only decoded as far as needed to find their children (on a local
-  disk, a node over 64 KB by a prefix read), not re-hashed.
+  disk, a node over 64 KB by a prefix read), not re-hashed. A small root node stored inside its
+  record is checked with the record (an invalid one makes the record ``undecodable``); the walk
+  goes on from its children.
 * **deep**: additionally every state node (or a random ``sample`` fraction of them) is read in
   full and re-hashed against its name. So ``deep=False`` proves the structure, ``deep=True`` the
   content.
@@ -446,13 +448,13 @@ class _Audit:
         oids = list(wanted)
         self.reached.update(oids)
         got = self.read(oids, "record", lambda o: True, Record.decode)
-        roots: list[tuple[str, str]] = []
+        roots: list[tuple[str, str]] = []  # (stored node, record naming it)
         for oid in oids:
             res = got[oid]
-            if res.status != "ok":
+            if res.status != "ok":  # incl. an inline root that is not a valid node
                 self.object_problem(oid, "record", res)
-            else:
-                roots.append((res.parsed.root, oid))
+            else:  # an inline root is part of its record: walk on from its children
+                roots.extend((child, oid) for child in res.parsed.children())
         for thread, entries in logs.items():
             for e in entries:
                 res = got[e.id]

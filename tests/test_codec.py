@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cas_checkpoint import codec
-from cas_checkpoint.codec import MAX_EXT_DEPTH, Ref, TypeRegistry, decode, encode
+from cas_checkpoint.codec import MAX_EXT_DEPTH, Ref, Span, TypeRegistry, decode, encode
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, SerializationError
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -510,6 +510,24 @@ def test_refs_resolve() -> None:
         Ref(True)
 
 
+def test_spans_resolve() -> None:
+    spans = [Span(1, 0, 3), Span(3, 127, 128), Span(255, 2**32 - 1, 0), Span(2, 300, 70000)]
+    data = encode({"joined": spans})
+    assert decode(data, span=lambda *f: f) == {
+        "joined": [(s.shape, s.start, s.count) for s in spans]}
+    assert len(encode(Span(1, 0, 3))) == 6  # ext8 header + shape + two one-byte varints
+    with pytest.raises(FormatError, match="span"):
+        decode(data)
+    for bad_span in ((256, 0, 0), (1, -1, 0), (1, 0, 2**32), (True, 0, 0)):
+        with pytest.raises(InvalidArgumentError):
+            Span(*bad_span)  # type: ignore[arg-type]
+    ok = lambda *f: f  # noqa: E731
+    for payload in (b"\x01\x00", b"\x01\x80\x00\x01", b"\x01\x00\x01\x00", b"\x01\x00\x80",
+                    b"\x01" + b"\xff" * 5 + b"\x01\x00"):
+        with pytest.raises(FormatError, match="Span"):  # short, not minimal, trailing, cut off
+            decode(ext(14, payload), span=ok)
+
+
 def test_resolve_errors_pass_unchanged() -> None:
     class Missing(Exception):
         pass
@@ -560,7 +578,7 @@ def test_hostile_structure() -> None:
     decode(nested_tuples(MAX_EXT_DEPTH))
     bad(nested_tuples(MAX_EXT_DEPTH + 1), "deeper")
     bad(nested_tuples(10_000))
-    for code in (0, 2, 14, 127, -2, -128):
+    for code in (0, 2, 15, 127, -2, -128):
         bad(ext(code, b"\x00"), "unknown")
     bad(ext(3, b"\x91\x01\x02"), "trailing")
     deep_payload = nested_tuples(codec._UNPACKB_LEVELS + 1)[3:]  # handled by an Unpacker

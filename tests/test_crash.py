@@ -119,7 +119,7 @@ def _reachable(store: CheckpointStore) -> set[str]:
             todo += list(seg.children) + [e.id for e in seg.entries]
         elif kind == b"C":
             rec = Record.decode(data)
-            todo += [rec.root, *rec.parents]
+            todo += [*rec.children(), *rec.parents]  # a small root is inside the record
         elif kind == b"N":
             todo += list(decode_node(data)[0])
     return seen

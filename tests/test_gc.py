@@ -37,9 +37,10 @@ def object_ids(store: CheckpointStore) -> set[str]:
 
 
 def closure(store: CheckpointStore, cid: str) -> set[str]:
-    """A checkpoint's record and every node of its state tree."""
+    """A checkpoint's record and every stored node of its state tree (a small root node is
+    inside the record, not an object)."""
     out = {cid}
-    todo = [Record.decode(store.objects.get(cid)).root]
+    todo = list(Record.decode(store.objects.get(cid)).children())
     while todo:
         oid = todo.pop()
         if oid not in out:
@@ -65,7 +66,9 @@ def all_load(store: CheckpointStore) -> int:
     return n
 
 
-def state(i: int, n: int = 3) -> dict[str, Any]:
+def state(i: int, n: int = 12) -> dict[str, Any]:
+    """A state whose messages list (over 1 KB) is split into stored nodes under a root small
+    enough to live inside its record."""
     return {"step": i, "messages": [f"message {i}-{k} " * 8 for k in range(n)]}
 
 
@@ -197,6 +200,23 @@ def test_gc_deletes_exactly_the_unreachable(store: CheckpointStore) -> None:
     assert gc0(store).deleted_objects == 0
 
 
+def test_gc_keeps_an_inline_root_and_its_children(store: CheckpointStore) -> None:
+    ids = [store.save("t", state(i)).id for i in range(3)]
+    tiny = store.save("t", {"step": 3}).id  # a root with no children at all
+    recs = [Record.decode(store.objects.get(c)) for c in [*ids, tiny]]
+    assert all(r.root_node is not None for r in recs)  # every root is inside its record
+    assert all(r.children() for r in recs[:3]) and recs[3].children() == ()
+    kept = set().union(*(closure(store, c) for c in [*ids, tiny]))
+    assert not {r.root for r in recs} & object_ids(store)  # no root is an object
+    before = object_ids(store)
+    report = gc0(store)
+    assert report.deleted_objects == 0 and object_ids(store) == before
+    assert kept <= before and report.reachable_objects == len(before)
+    s = fresh(store)
+    assert [s.get(c).state for c in ids] == [state(i) for i in range(3)]
+    assert s.load("t").state == {"step": 3}
+
+
 def test_gc_keeps_young_garbage_and_dry_run_deletes_nothing(store: CheckpointStore) -> None:
     ids = [store.save("t", state(i)).id for i in range(3)]
     store.rewind("t", ids[0])
@@ -276,6 +296,7 @@ def test_a_writer_reusing_an_orphan_refreshes_it(make_store: Any, backend_kind: 
     ids = [store.save("t", state(i)).id for i in range(2)]
     store.rewind("t", ids[0])
     orphan = closure(store, ids[1]) - {ids[1]} - closure(store, ids[0])
+    assert orphan  # state nodes, not just the record
     if backend_kind == "s3":
         time.sleep(2.2)
         grace = timedelta(seconds=2)
@@ -301,7 +322,8 @@ def test_gc_stops_before_deleting_when_a_reachable_object_is_missing(
         store: CheckpointStore) -> None:
     ids = [store.save("t", state(i)).id for i in range(3)]
     store.rewind("t", ids[1])
-    store.backend.delete_many([object_key(Record.decode(store.objects.get(ids[0])).root)])
+    node = Record.decode(store.objects.get(ids[0])).children()[0]  # under an inline root
+    store.backend.delete_many([object_key(node)])
     before = object_ids(store)
     with pytest.raises(NotFoundError, match="before deleting anything"):
         gc0(store)

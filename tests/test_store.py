@@ -367,3 +367,62 @@ def test_a_save_retrying_its_ref_for_long_rewrites_its_nodes(monkeypatch: pytest
         [i.key for i in store.backend.list("objects")]).items() if d and d[:4] == b"CASN"])
     assert max(written) > 10 and nodes > 10  # the whole tree went out again on the retry
     assert store.load("t").state == state and store.count("t") == 2
+
+
+# --- small roots live inside their records -----------------------------------------------------
+
+
+def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
+    from cas_checkpoint.objects import Record
+
+    states = [msgs(i) for i in range(1, 4)]
+    ids = [store.save("t", s).id for s in states]
+    assert objects_of(store, NODE) == []  # no state node objects at all
+    assert len(objects_of(store, RECORD)) == len(objects_of(store)) == 3
+    rec = Record.decode(store.objects.get(ids[-1]))
+    assert rec.root_node is not None and rec.children() == ()
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    for cid, state in zip(ids, states, strict=True):
+        assert fresh.load("t", cid).state == state
+        assert fresh.get(cid).state == state
+
+
+def test_loading_an_inline_root_reads_only_the_nodes_under_it(store: CheckpointStore,
+                                                              monkeypatch: Any) -> None:
+    from cas_checkpoint.objects import Record
+
+    state = {"doc": "y" * 1500, "step": 1}  # the 1.5 KB doc is a node under a small root
+    cid = store.save("t", state).id
+    rec = Record.decode(store.objects.get(cid))
+    assert rec.root_node is not None and len(rec.children()) == 1
+    assert len(objects_of(store, NODE)) == 1
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    asked: list[str] = []
+    real = fresh.objects.get_many
+
+    def get_many(oids: Any) -> dict[str, bytes]:
+        oids = list(oids)
+        asked.extend(oids)
+        return real(oids)
+
+    monkeypatch.setattr(fresh.objects, "get_many", get_many)
+    assert fresh.load("t").state == state
+    assert sorted(asked) == sorted([cid, *rec.children()])  # the record, then its node
+    assert rec.root not in asked
+
+
+@pytest.mark.parametrize("via_load", [False, True])
+def test_an_inline_root_reused_as_a_stored_node_is_written(store: CheckpointStore,
+                                                           via_load: bool) -> None:
+    """A root kept inside its record is no object: when a later state holds the same value
+    below its root, that node must be written (the save cache must not think it exists)."""
+    inner = {"doc": "y" * 1500, "k": 1}
+    store.save("t", inner)
+    if via_load:
+        store = CheckpointStore.open(store.url, storage_options=_options(store))
+        assert store.load("t").state == inner
+    outer = {"wrap": inner, "n": 2}
+    cid = store.save("t", outer).id
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    assert fresh.get(cid).state == outer
+    assert store.verify().ok

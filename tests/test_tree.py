@@ -118,6 +118,27 @@ def test_hostile_dag_does_not_explode() -> None:
         tree.load(child, fetcher(leaf.objects))
 
 
+def test_split_values_are_joined_by_spans_and_bad_spans_are_refused() -> None:
+    import pytest
+
+    from cas_checkpoint import FormatError, codec
+
+    state = {"messages": [message(i) for i in range(40)], "step": 3}
+    built = tree.build(state)
+    children, payload = decode_node(built.objects[built.root])
+    assert len(children) > 1 and b"\xc7" in bytes(payload)  # the list's top node is inline
+    assert tree.load(built.root, fetcher(built.objects)) == state
+    b = tree._Builder(None)
+    leaf = b.node(tree.VALUE, codec.encode([1, 2]))
+    for span in (codec.Span(tree.LIST, 0, 2), codec.Span(tree.LIST, 1, 1),
+                 codec.Span(tree.VALUE, 0, 1), codec.Span(tree.BYTES + 1, 0, 1)):
+        root = b.node(tree.VALUE, codec.encode({"m": span}), [leaf])
+        with pytest.raises(FormatError, match="joins children"):
+            tree.load(root, fetcher(b.objects))
+    good = b.node(tree.VALUE, codec.encode({"m": codec.Span(tree.TUPLE, 0, 1)}), [leaf])
+    assert tree.load(good, fetcher(b.objects)) == {"m": (1, 2)}
+
+
 def test_store_saves_write_only_new_nodes_and_fork_shares_all(store: CheckpointStore) -> None:
     n = 300 if store.url.startswith("s3") else 1000
     state: dict[str, Any] = {"messages": [message(i) for i in range(n)], "step": 0}

@@ -54,17 +54,23 @@ def threads_with(store: CheckpointStore, cid: str) -> set[str]:
 
 
 def state(i: int) -> dict[str, Any]:
+    """A small state: one root node, stored inside its record (no state node objects)."""
     return {"messages": [{"role": "user", "content": f"message {i}"}], "step": i}
 
 
-SHARED = {"shared": True, "note": "the same state in several checkpoints"}
+def big(i: int) -> dict[str, Any]:
+    """A root inside its record, over one stored node (the 2 KB document)."""
+    return {"step": i, "doc": f"document {i} " * 200}
+
+
+SHARED = {"shared": True, "note": "the same state in several checkpoints", "doc": "x" * 2000}
 
 
 @dataclass
 class Layout:
     a: list[str]  # checkpoint ids of thread "a", oldest first (20: one segment + 4 in the tail)
     b: list[str]  # thread "b": forked from a[7], then one save
-    c: list[str]  # thread "c": independent, 3 saves
+    c: list[str]  # thread "c": independent, 3 saves of big(100 + i)
     shared_cps: set[str]  # the checkpoints whose state is SHARED
 
 
@@ -81,7 +87,7 @@ def build(store: CheckpointStore) -> Layout:
     a = [store.save("a", SHARED if 5 <= i <= 9 else state(i)).id for i in range(20)]
     store.fork("a", a[7], "b")
     b = [*a[:8], store.save("b", SHARED).id]
-    c = [store.save("c", state(100 + i)).id for i in range(3)]
+    c = [store.save("c", big(100 + i)).id for i in range(3)]
     lay = Layout(a, b, c, {*a[5:10], b[-1]})
     keys = [i.key for i in [*store.backend.list("objects"), *store.backend.list("refs")]]
     got = store.backend.get_many(keys)
@@ -89,8 +95,15 @@ def build(store: CheckpointStore) -> Layout:
     return lay
 
 
-def root_of(store: CheckpointStore, cid: str) -> str:
-    return Record.decode(raw_get(store, object_key(cid))).root
+def record_of(store: CheckpointStore, cid: str) -> Record:
+    return Record.decode(raw_get(store, object_key(cid)))
+
+
+def node_of(store: CheckpointStore, cid: str) -> str:
+    """The one stored state node under a checkpoint's inline root."""
+    rec = record_of(store, cid)
+    assert rec.root_node is not None and len(rec.children()) == 1
+    return rec.children()[0]
 
 
 def assert_broken(store: CheckpointStore, checkpoints: set[str], threads: set[str],
@@ -122,7 +135,12 @@ def test_intact_store_verifies_clean_quick_and_deep(store: CheckpointStore) -> N
         data = json.loads(report.to_json())
         assert data["ok"] is True and data["problems"] == []
         assert data["checkpoints"] == report.checkpoints and data["deep"] is deep
+    # every root here is inside its record: no object holds a root node
+    recs = [record_of(store, c) for c in {*lay.a, *lay.b, *lay.c}]
+    assert all(r.root_node is not None for r in recs)
+    assert not {object_key(r.root) for r in recs} & set(listed)
     deep = store.verify(deep=True)
+    assert deep.by_kind["node"]["objects"] == 1 + len(lay.c)  # SHARED's doc, c's docs
     assert deep.objects_hashed == len(listed)
     assert deep.bytes_hashed == sum(listed.values())
     quick = store.verify(deep=False)
@@ -163,8 +181,8 @@ def test_unreachable_objects_are_counted_not_problems(store: CheckpointStore) ->
 
 def test_flipped_byte_in_a_shared_node(store: CheckpointStore) -> None:
     lay = build(store)
-    root = root_of(store, lay.a[6])
-    assert all(root_of(store, c) == root for c in lay.shared_cps)
+    root = node_of(store, lay.a[6])
+    assert all(node_of(store, c) == root for c in lay.shared_cps)
     data = raw_get(store, object_key(root))
     raw_put(store, object_key(root), flip(data, len(data) - 1))
     with pytest.raises(IntegrityError) as err:
@@ -183,7 +201,9 @@ def test_flipped_byte_in_a_shared_node(store: CheckpointStore) -> None:
 def test_flipped_byte_in_a_record(store: CheckpointStore) -> None:
     lay = build(store)
     cid = lay.a[3]
-    raw_put(store, object_key(cid), flip(raw_get(store, object_key(cid)), 20))
+    data = raw_get(store, object_key(cid))
+    assert record_of(store, cid).root_node is not None
+    raw_put(store, object_key(cid), flip(data, len(data) - 20))  # in its inline root
     with pytest.raises(IntegrityError) as err:
         store.get(cid)
     assert err.value.path == object_key(cid)
@@ -273,7 +293,7 @@ def _fresh_ref(store: CheckpointStore, key: str) -> bytes:
 @pytest.mark.parametrize("backend_kind", LOCAL_S3)
 def test_truncated_and_deleted_objects(store: CheckpointStore) -> None:
     lay = build(store)
-    node = root_of(store, lay.c[0])
+    node = node_of(store, lay.c[0])
     raw_put(store, object_key(node), raw_get(store, object_key(node))[:-3])
     store.backend.delete_many([object_key(lay.c[2])])
     store.objects.forget([lay.c[2]])
@@ -307,13 +327,41 @@ def test_swapped_records(store: CheckpointStore) -> None:
 @pytest.mark.parametrize("backend_kind", LOCAL_S3)
 def test_record_replaced_by_another_valid_record(store: CheckpointStore) -> None:
     lay = build(store)
-    fake = Record.decode(raw_get(store, object_key(lay.c[1])))
-    forged = Record(fake.thread_id, fake.parents, root_of(store, lay.c[0]), fake.step,
-                    fake.created_at, fake.size, fake.label, fake.tags, fake.metadata).encode()
+    fake, other = record_of(store, lay.c[1]), record_of(store, lay.c[0])
+    forged = Record(fake.thread_id, fake.parents, other.root, fake.step, fake.created_at,
+                    fake.size, fake.label, fake.tags, fake.metadata, other.root_node).encode()
     raw_put(store, object_key(lay.c[1]), forged)  # a valid record, under the wrong name
     with pytest.raises(IntegrityError):
         store.load("c", lay.c[1])
     assert_broken(store, {lay.c[1]}, {"c"}, {"corrupt"})
+
+
+@pytest.mark.parametrize("backend_kind", NO_S3)
+def test_invalid_inline_root_is_reported_against_its_checkpoint(store: CheckpointStore) -> None:
+    """A record that hashes right (so a writer made it) but holds an inline root that is not a
+    state node (it names 5 children in 1 byte)."""
+    lay = build(store)
+    good = record_of(store, lay.c[2])
+    node = b"CASN\x01\x05"
+    bad = Record("c", (lay.c[2],), object_id(node), good.step + 1, 2.0, 10,  # type: ignore[arg-type]
+                 root_node=node)
+    data = bad.encode()
+    cid = object_id(data)
+    store.objects.put_many({cid: data})
+    from cas_checkpoint.refs import append
+
+    key = thread_key("c")
+    head = Head.decode(_fresh_ref(store, key))
+    raw_put(store, key, append(head, bad.entry(cid), {}).encode())  # type: ignore[arg-type]
+    with pytest.raises(FormatError, match="state root stored inside the record"):
+        store.load("c")
+    assert store.load("c", lay.c[2]).state == big(102)
+    for deep in (False, True):
+        report = store.verify(deep=deep)
+        assert [(p.kind, p.what, p.object, p.path) for p in report.problems] == [
+            ("undecodable", "record", cid, object_key(cid))], report.to_text()
+        assert "state root stored inside the record" in report.problems[0].detail
+        assert report.broken_checkpoints() == {cid} and report.broken_threads() == {"c"}
 
 
 @pytest.mark.parametrize("backend_kind", LOCAL_S3)
@@ -372,9 +420,9 @@ def test_multi_level_node_tree_names_every_checkpoint_above_a_leaf(store: Checkp
 
 def test_sample_checks_about_that_fraction(tmp_path: Any) -> None:
     store = CheckpointStore.open(str(tmp_path / "s"))
-    ids = [store.save("s", state(i)).id for i in range(60)]
-    roots = [root_of(store, c) for c in ids]
-    for r in roots:  # damage every state's root node in its payload (header intact)
+    ids = [store.save("s", big(i)).id for i in range(60)]
+    roots = [node_of(store, c) for c in ids]
+    for r in roots:  # damage every state's stored node in its payload (header intact)
         data = raw_get(store, object_key(r))
         raw_put(store, object_key(r), flip(data, len(data) - 1))
     assert store.verify(deep=False).ok  # quick does not re-hash nodes

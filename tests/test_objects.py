@@ -1,0 +1,165 @@
+"""Object encodings (pure code): log entries name their parent by back-reference inside one
+container; checkpoint records are arrays that may hold a small root node inline."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from cas_checkpoint.errors import FormatError
+from cas_checkpoint.objects import (
+    INLINE_ROOT_MAX,
+    CheckpointId,
+    Head,
+    LogEntry,
+    ObjectId,
+    Peak,
+    Record,
+    Segment,
+    decode_node,
+    encode_node,
+    inlinable,
+    object_id,
+)
+
+
+def cid(n: int) -> CheckpointId:
+    return CheckpointId(f"{n:064x}")
+
+
+def chain(n: int, first_parents: tuple[CheckpointId, ...] = ()) -> tuple[LogEntry, ...]:
+    """Entries 1..n, each the child of the one before (the first of ``first_parents``)."""
+    out = []
+    for i in range(1, n + 1):
+        parents = first_parents if i == 1 else (cid(i - 1),)
+        out.append(LogEntry(cid(i), parents, i, 1000.0 + i, 10 * i, None, (), {}))
+    return tuple(out)
+
+
+def test_back_references_only_for_the_previous_entry() -> None:
+    e = chain(1)[0]
+    assert e.pack(cid(7))[1] == []  # no parents: stays a list
+    child = LogEntry(cid(2), (cid(1),), 2, 1.0, 1)
+    assert child.pack(cid(1))[1] is None
+    assert child.pack(None)[1] == [bytes.fromhex(cid(1))]
+    assert child.pack(cid(9))[1] == [bytes.fromhex(cid(1))]  # not the previous entry
+    merge = LogEntry(cid(3), (cid(2), cid(1)), 3, 1.0, 1)
+    assert merge.pack(cid(2))[1] == [bytes.fromhex(cid(2)), bytes.fromhex(cid(1))]
+    assert LogEntry.unpack(child.pack(cid(1)), cid(1)) == child
+    with pytest.raises(FormatError, match="back-reference"):
+        LogEntry.unpack(child.pack(cid(1)))
+
+
+@pytest.mark.parametrize("first", [(), (cid(99),), (cid(98), cid(97))])
+def test_segment_roundtrip_with_back_references(first: tuple[CheckpointId, ...]) -> None:
+    entries = list(chain(16, first))
+    # a fork-like entry whose parent is not the entry before it, and a merge
+    entries[5] = LogEntry(cid(6), (cid(2),), 6, 1.0, 1, "lbl", ("t",), {"k": [1]})
+    entries[9] = LogEntry(cid(10), (cid(9), cid(4)), 10, 1.0, 1)
+    seg = Segment(0, entries=tuple(entries))
+    data = seg.encode()
+    assert Segment.decode(data) == seg
+    raw = msgpack.unpackb(data[5:])["e"]
+    nil = [i for i, r in enumerate(raw) if r[1] is None]
+    assert nil == [i for i in range(1, 16) if i not in (5, 9)]
+    assert raw[0][1] == [bytes.fromhex(p) for p in first]
+    # every back-reference saves the 34-byte list of one id
+    plain = msgpack.packb({"v": 0, "e": [e.pack() for e in entries]}, use_bin_type=True)
+    assert len(plain) - len(data[5:]) == 34 * len(nil)
+
+
+def test_head_roundtrip_with_back_references() -> None:
+    tail = chain(5, (cid(50),))
+    head = Head("t", tail[-1].id, 5, (Peak(ObjectId(cid(77)), 0, 16),), tail)
+    data = head.encode()
+    assert Head.decode(data) == head
+    assert [r[1] is None for r in msgpack.unpackb(data[5:])["e"]] == [False] + [True] * 4
+    # a tail moved into a segment encodes on its own: nothing depends on the head
+    assert Segment.decode(Segment(0, entries=tail[2:]).encode()).entries == tail[2:]
+
+
+def _with_first_entry_nil(data: bytes, key: str) -> bytes:
+    body = msgpack.unpackb(data[5:])
+    body[key][0][1] = None
+    return data[:5] + msgpack.packb(body, use_bin_type=True)
+
+
+def test_back_reference_on_the_first_entry_is_malformed() -> None:
+    seg = Segment(0, entries=chain(3, (cid(40),))).encode()
+    with pytest.raises(FormatError, match="back-reference"):
+        Segment.decode(_with_first_entry_nil(seg, "e"))
+    head = Head("t", cid(3), 3, (), chain(3, (cid(40),))).encode()
+    with pytest.raises(FormatError, match="back-reference"):
+        Head.decode(_with_first_entry_nil(head, "e"))
+
+
+def _record(root_node: bytes | None, root: ObjectId | None = None) -> Record:
+    return Record("thread", (cid(1),), root or object_id(root_node or b""), 4, 123.5, 900,
+                  "lbl", ("a", "b"), {"m": 1}, root_node)
+
+
+def test_record_roundtrip_with_a_stored_root() -> None:
+    rec = _record(None, ObjectId(cid(5)))
+    data = rec.encode()
+    assert Record.decode(data) == rec
+    assert rec.children() == (cid(5),)
+    body = msgpack.unpackb(data[5:])
+    assert isinstance(body, list) and len(body) == 9 and body[2] == bytes.fromhex(cid(5))
+
+
+@pytest.mark.parametrize("children", [0, 1, 3])
+def test_record_roundtrip_with_an_inline_root(children: int) -> None:
+    kids = tuple(ObjectId(cid(100 + i)) for i in range(children))
+    node = encode_node(b"\x00\x81\xa1k\xd4\x01\x00" + b"x" * 40, kids)
+    assert inlinable(node)
+    rec = _record(node)
+    data = rec.encode()
+    back = Record.decode(data)
+    assert back == rec and back.root == object_id(node) and back.root_node == node
+    assert back.children() == kids
+    stored = _record(None, rec.root).encode()  # the same record naming a stored root
+    assert len(data) - len(stored) == (len(node) - 5) - 32  # the node's bytes, not its id
+    assert bytes(decode_node(back.root_node)[1]) == bytes(decode_node(node)[1])
+
+
+def test_inline_limits() -> None:
+    assert inlinable(encode_node(b"\x00" + b"x" * (INLINE_ROOT_MAX - 7)))  # exactly the max
+    assert not inlinable(encode_node(b"\x00" + b"x" * (INLINE_ROOT_MAX - 6)))
+    assert not inlinable(encode_node(b"\x00" + b"x" * 30))  # a 32-byte body reads as an id
+    assert inlinable(encode_node(b"\x00" + b"x" * 29))
+    with pytest.raises(ValueError):
+        _record(encode_node(b"\x00" + b"x" * 30)).encode()
+    with pytest.raises(ValueError):
+        _record(b"CASC\x01" + b"x" * 10).encode()  # not a node
+    with pytest.raises(ValueError, match="hash"):
+        _record(encode_node(b"\x00ab"), ObjectId(cid(1))).encode()
+
+
+def _raw_record(body: list[object]) -> bytes:
+    return b"CASC\x01" + msgpack.packb(body, use_bin_type=True)
+
+
+GOOD = ["t", [], b"\x00\x00x", 0, 1.0, 3, None, [], {}]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({2: b"\x05"}, "not a valid state node"),  # names 5 children in one byte
+    ({2: b""}, "state root"),
+    ({2: b"\x00" * INLINE_ROOT_MAX}, "state root"),
+    ({2: "text"}, "state root"),
+    ({0: 5}, "thread"),
+    ({1: [b"short"]}, "parents"),
+    ({3: -1}, "step"),
+    ({7: "tag"}, "tags"),
+])
+def test_record_decode_is_strict(change: dict[int, object], words: str) -> None:
+    assert Record.decode(_raw_record(GOOD)).root_node == b"CASN\x01\x00\x00x"
+    body = list(GOOD)
+    for i, v in change.items():
+        body[i] = v
+    with pytest.raises(FormatError, match=words):
+        Record.decode(_raw_record(body))
+    with pytest.raises(FormatError, match="9-item array"):
+        Record.decode(_raw_record(GOOD[:8]))
+    with pytest.raises(FormatError, match="9-item array"):
+        Record.decode(b"CASC\x01" + msgpack.packb(dict(zip("tprnczlgm", GOOD, strict=True))))
