@@ -54,7 +54,7 @@ import msgpack
 from .errors import FormatError, InvalidArgumentError, SerializationError
 from .links import Ref, Span, span_fields, varint
 
-__all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode"]
+__all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode", "encode_link"]
 
 MAX_EXT_DEPTH: Final = 64  # tuples/sets/datetimes/registered objects inside each other
 _NATIVE_LIMIT: Final = 1023  # list/dict depth that msgpack both writes and reads back
@@ -241,10 +241,9 @@ def _reduce(obj: Any, reg: TypeRegistry) -> tuple[int, Any]:
         return _UUID, obj.bytes
     if t is decimal.Decimal:
         return _DECIMAL, str(obj).encode("ascii")
-    if t is Ref:  # the index was checked by Ref.__post_init__
-        return _REF, obj.index.to_bytes(next(n for n in (1, 2, 4, 8) if obj.index >> 8 * n == 0))
-    if t is Span:
-        return _SPAN, bytes([obj.shape]) + varint(obj.start) + varint(obj.count)
+    if t is Ref or t is Span:  # reserved for the links between nodes: see encode_link
+        raise _Unsupported(f"a {t.__name__} placeholder", "it is reserved for the links between "
+                           "cas_checkpoint's own state nodes; keep it out of the state")
     entry = reg._by_class.get(t)
     if entry is None:
         raise _refuse(obj)
@@ -380,6 +379,19 @@ def _find_error(value: object, reg: TypeRegistry) -> SerializationError | None:
         error.__cause__ = exc.__cause__
         return error
     return None
+
+
+def encode_link(link: Ref | Span) -> bytes:
+    """The bytes of a Ref or Span placeholder (``encode`` refuses them in a state)."""
+    if type(link) is Ref:  # the index was checked by Ref.__post_init__
+        size = next(n for n in (1, 2, 4, 8) if link.index >> 8 * n == 0)
+        ext = msgpack.ExtType(_REF, link.index.to_bytes(size))
+    elif type(link) is Span:
+        ext = msgpack.ExtType(_SPAN, bytes([link.shape]) + varint(link.start) + varint(link.count))
+    else:
+        raise InvalidArgumentError(f"encode_link() needs a Ref or Span, got {type(link).__name__}")
+    data: bytes = msgpack.packb(ext)
+    return data
 
 
 def encode(value: Any, *, types: TypeRegistry | None = None) -> bytes:

@@ -227,10 +227,10 @@ class _Builder:
                 parts.append(raw)
             elif isinstance(child, _Inline):
                 span = codec.Span(child.shape, len(children), len(child.children))
-                parts.append(codec.encode(span))
+                parts.append(codec.encode_link(span))
                 children.extend(child.children)
             else:
-                parts.append(codec.encode(codec.Ref(len(children))))
+                parts.append(codec.encode_link(codec.Ref(len(children))))
                 children.append(child)
         return self.node(VALUE, b"".join(parts), children)
 

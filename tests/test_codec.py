@@ -27,7 +27,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cas_checkpoint import codec
-from cas_checkpoint.codec import MAX_EXT_DEPTH, Ref, Span, TypeRegistry, decode, encode
+from cas_checkpoint.codec import (
+    MAX_EXT_DEPTH,
+    Ref,
+    Span,
+    TypeRegistry,
+    decode,
+    encode,
+    encode_link,
+)
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, SerializationError
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -498,10 +506,11 @@ def test_pydantic_models() -> None:
 
 def test_refs_resolve() -> None:
     refs = [Ref(0), Ref(255), Ref(256), Ref(2**16), Ref(2**32), Ref(2**64 - 1)]
-    data = encode({"children": refs, "t": (Ref(7),)})
+    data = b"\x82\xa8children\x96" + b"".join(map(encode_link, refs)) + b"\xa1t" + ext(
+        3, b"\x91" + encode_link(Ref(7)))
     assert decode(data, resolve=lambda i: ("child", i)) == {
         "children": [("child", r.index) for r in refs], "t": (("child", 7),)}
-    assert len(encode(Ref(3))) == 3
+    assert len(encode_link(Ref(3))) == 3
     with pytest.raises(FormatError, match="resolve"):
         decode(data)
     with pytest.raises(InvalidArgumentError):
@@ -512,10 +521,10 @@ def test_refs_resolve() -> None:
 
 def test_spans_resolve() -> None:
     spans = [Span(1, 0, 3), Span(3, 127, 128), Span(255, 2**32 - 1, 0), Span(2, 300, 70000)]
-    data = encode({"joined": spans})
+    data = b"\x81\xa6joined\x94" + b"".join(map(encode_link, spans))
     assert decode(data, span=lambda *f: f) == {
         "joined": [(s.shape, s.start, s.count) for s in spans]}
-    assert len(encode(Span(1, 0, 3))) == 6  # ext8 header + shape + two one-byte varints
+    assert len(encode_link(Span(1, 0, 3))) == 6  # ext8 header + shape + two one-byte varints
     with pytest.raises(FormatError, match="span"):
         decode(data)
     for bad_span in ((256, 0, 0), (1, -1, 0), (1, 0, 2**32), (True, 0, 0)):
@@ -528,6 +537,15 @@ def test_spans_resolve() -> None:
             decode(ext(14, payload), span=ok)
 
 
+def test_placeholders_in_a_state_are_refused_with_their_path() -> None:
+    for link in (Ref(0), Span(1, 0, 0)):
+        with pytest.raises(SerializationError, match=r"reserved") as info:
+            encode({"a": [1, link]})
+        assert info.value.path == 'state["a"][1]'
+    with pytest.raises(InvalidArgumentError):
+        encode_link(3)  # type: ignore[arg-type]
+
+
 def test_resolve_errors_pass_unchanged() -> None:
     class Missing(Exception):
         pass
@@ -536,7 +554,7 @@ def test_resolve_errors_pass_unchanged() -> None:
         raise Missing(index)
 
     with pytest.raises(Missing):
-        decode(encode([(Ref(1),)]), resolve=resolve)
+        decode(b"\x91" + ext(3, b"\x91" + encode_link(Ref(1))), resolve=resolve)
 
 
 # --------------------------------------------------------------------------- hostile bytes

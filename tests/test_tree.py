@@ -132,10 +132,11 @@ def test_split_values_are_joined_by_spans_and_bad_spans_are_refused() -> None:
     leaf = b.node(tree.VALUE, codec.encode([1, 2]))
     for span in (codec.Span(tree.LIST, 0, 2), codec.Span(tree.LIST, 1, 1),
                  codec.Span(tree.VALUE, 0, 1), codec.Span(tree.BYTES + 1, 0, 1)):
-        root = b.node(tree.VALUE, codec.encode({"m": span}), [leaf])
+        root = b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(span), [leaf])
         with pytest.raises(FormatError, match="joins children"):
             tree.load(root, fetcher(b.objects))
-    good = b.node(tree.VALUE, codec.encode({"m": codec.Span(tree.TUPLE, 0, 1)}), [leaf])
+    good = b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(codec.Span(tree.TUPLE, 0, 1)),
+                  [leaf])
     assert tree.load(good, fetcher(b.objects)) == {"m": (1, 2)}
 
 
