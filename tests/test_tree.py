@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,31 @@ def test_append_and_middle_edit_write_few_nodes() -> None:
     bound = 2 * math.ceil(math.log(len(base.objects), tree.FANOUT)) + 2
     for other in (appended, edited, inserted):
         assert new_nodes(base, other) <= bound, (new_nodes(base, other), bound)
+
+
+def test_long_list_loads_from_few_big_leaves_and_appends_stay_small(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    n = tree.LONG_LIST + 1000
+    msgs = [message(i, 60 + i % 200) for i in range(n)]
+    built = tree.build({"messages": msgs})
+    total = sum(len(d) for d in built.objects.values())
+    with monkeypatch.context() as m:
+        m.setattr(tree, "LONG_LIST", 1 << 40)
+        small = len(tree.build({"messages": msgs}).objects)  # every leaf ~256 bytes
+    # ~64 KB closed regions, fine leaves only in the open tail: far fewer nodes to read
+    assert len(built.objects) * 5 < small, (len(built.objects), small)
+    assert max(len(d) for d in built.objects.values()) > 16 * 1024
+    assert tree.load(built.root, fetcher(built.objects)) == {"messages": msgs}
+    written = []
+    for k in range(60):
+        msgs.append(message(n + k, 60 + k % 200))
+        after = tree.build({"messages": msgs})
+        written.append(sum(len(after.objects[o]) for o in set(after.objects) - set(built.objects)))
+        built = after
+    written.sort()
+    # most appends rewrite one ~1 KB tail leaf and the top; now and then one closes a region
+    assert written[len(written) // 2] < 4096 and written[-1] < total, written
+    assert tree.load(built.root, fetcher(built.objects)) == {"messages": msgs}
 
 
 @given(st.integers(1, 400))
