@@ -44,7 +44,7 @@ ObjectId = NewType("ObjectId", str)
 CheckpointId = NewType("CheckpointId", str)
 """The ObjectId of a checkpoint record."""
 
-VERSION = 1
+VERSION = 2  # 2: records as arrays, inline roots, log back-references, Span links
 NODE, RECORD, SEGMENT, HEAD = b"N", b"C", b"L", b"H"
 _HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD)}
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -70,9 +70,11 @@ def object_kind(data: bytes | memoryview) -> bytes:
             "written by cas_checkpoint"
         )
     if head[4] != VERSION:
+        advice = ("upgrade the package" if head[4] > VERSION else
+                  "it was written by an older cas_checkpoint: read it with that version")
         raise FormatError(
             f"object format version {head[4]} is not supported by this version of "
-            "cas_checkpoint; upgrade the package"
+            f"cas_checkpoint (it reads version {VERSION}); {advice}"
         )
     return head[3:4]
 

@@ -130,13 +130,13 @@ def test_inline_limits() -> None:
     with pytest.raises(ValueError):
         _record(encode_node(b"\x00" + b"x" * 30)).encode()
     with pytest.raises(ValueError):
-        _record(b"CASC\x01" + b"x" * 10).encode()  # not a node
+        _record(b"CASC\x02" + b"x" * 10).encode()  # not a node
     with pytest.raises(ValueError, match="hash"):
         _record(encode_node(b"\x00ab"), ObjectId(cid(1))).encode()
 
 
 def _raw_record(body: list[object]) -> bytes:
-    return b"CASC\x01" + msgpack.packb(body, use_bin_type=True)
+    return b"CASC\x02" + msgpack.packb(body, use_bin_type=True)
 
 
 GOOD = ["t", [], b"\x00\x00x", 0, 1.0, 3, None, [], {}]
@@ -153,7 +153,7 @@ GOOD = ["t", [], b"\x00\x00x", 0, 1.0, 3, None, [], {}]
     ({7: "tag"}, "tags"),
 ])
 def test_record_decode_is_strict(change: dict[int, object], words: str) -> None:
-    assert Record.decode(_raw_record(GOOD)).root_node == b"CASN\x01\x00\x00x"
+    assert Record.decode(_raw_record(GOOD)).root_node == b"CASN\x02\x00\x00x"
     body = list(GOOD)
     for i, v in change.items():
         body[i] = v
@@ -162,4 +162,12 @@ def test_record_decode_is_strict(change: dict[int, object], words: str) -> None:
     with pytest.raises(FormatError, match="9-item array"):
         Record.decode(_raw_record(GOOD[:8]))
     with pytest.raises(FormatError, match="9-item array"):
-        Record.decode(b"CASC\x01" + msgpack.packb(dict(zip("tprnczlgm", GOOD, strict=True))))
+        Record.decode(b"CASC\x02" + msgpack.packb(dict(zip("tprnczlgm", GOOD, strict=True))))
+
+
+def test_other_format_versions_are_refused_with_advice() -> None:
+    good = Record("t", (), ObjectId("ab" * 32), 0, 1.0, 3).encode()
+    for version, advice in ((1, "older cas_checkpoint"), (3, "upgrade")):
+        with pytest.raises(FormatError, match=advice):
+            Record.decode(good[:4] + bytes([version]) + good[5:])
+    assert Record.decode(good).root == "ab" * 32

@@ -134,7 +134,7 @@ json_like = st.recursive(
 
 
 def _body(kind: bytes) -> st.SearchStrategy[bytes]:
-    header = b"CAS" + kind + b"\x01"
+    header = b"CAS" + kind + b"\x02"
     keys = {b"C": "tprnczlgm", b"L": "vec", b"H": "thspe"}.get(kind, "")
     shaped = st.fixed_dictionaries({k: json_like for k in keys}) if keys else json_like
     return st.one_of(

@@ -342,7 +342,7 @@ def test_invalid_inline_root_is_reported_against_its_checkpoint(store: Checkpoin
     state node (it names 5 children in 1 byte)."""
     lay = build(store)
     good = record_of(store, lay.c[2])
-    node = b"CASN\x01\x05"
+    node = b"CASN\x02\x05"
     bad = Record("c", (lay.c[2],), object_id(node), good.step + 1, 2.0, 10,  # type: ignore[arg-type]
                  root_node=node)
     data = bad.encode()
