@@ -1,8 +1,9 @@
 """State <-> a tree of content-addressed nodes (structural sharing). Pure code.
 
-A small state is one node. A large list, tuple, dict, str or bytes is split into leaves at
-content-defined boundaries and joined by index nodes (a prolly tree), so that two states that
-differ by an appended message, a changed item or a new key share every node but a few:
+A small state is one node (the store keeps a small root node inside its record). A large list,
+tuple, dict, str or bytes is split into leaves at content-defined boundaries and joined by index
+nodes (a prolly tree), so that two states that differ by an appended message, a changed item or a
+new key share every node but a few:
 
 * a list/tuple is cut after an item when ``crc32(item bytes)`` falls under a threshold that grows
   with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
@@ -25,8 +26,10 @@ differ by an appended message, a changed item or a new key share every node but 
 * a long str/bytes is cut with a gear rolling hash (FastCDC style) at UTF-8 character starts.
 
 Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
-stand for child ``i``), or a concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``)
-of its children in order.
+stand for child ``i`` and whose ``Span(shape, i, n)`` for children ``i .. i+n-1`` joined), or a
+concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``) of its children in order. The
+top node of a split value inside another value is never stored alone: the enclosing node lists
+its children and joins them with a ``Span`` (one object and one id fewer per save).
 """
 
 from __future__ import annotations
