@@ -16,6 +16,7 @@ Implementations: ``LocalBackend`` (plain ``os`` calls: temp file + fsync + ``os.
 
 from __future__ import annotations
 
+import builtins
 import os
 import secrets
 import threading
@@ -294,6 +295,24 @@ class LocalBackend(Backend):
                 os.unlink(self._path(key))
             except FileNotFoundError:
                 pass
+
+    def stale_temps(self, before: float) -> builtins.list[tuple[str, int]]:
+        """(path, size) of temp files under ``objects/`` and ``refs/`` last modified before
+        ``before``: a writer that died between writing one and linking it left it behind."""
+        out = []
+        for top in ("objects", "refs"):
+            for folder, _dirs, files in os.walk(os.path.join(self.root, top)):
+                for name in files:
+                    if ".tmp-" not in name:
+                        continue
+                    path = os.path.join(folder, name)
+                    try:
+                        st = os.stat(path)
+                    except FileNotFoundError:
+                        continue
+                    if st.st_mtime < before:
+                        out.append((path, st.st_size))
+        return out
 
 
 # --- memory:// ---------------------------------------------------------------------------------

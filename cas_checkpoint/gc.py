@@ -28,6 +28,7 @@ The residual risks are written down in the README ("How GC stays safe").
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -236,6 +237,7 @@ class GCReport:
     deleted_objects: int = 0  # (with dry_run: would be deleted)
     deleted_bytes: int = 0
     refreshed_objects: int = 0  # candidates a writer reused during the sweep: kept
+    temp_files: int = 0  # local disk: temp files of writers that died, older than the grace
     ref_rounds: int = 0  # times the refs were read (1 + re-reads after listing)
     seconds: float = 0.0
     requests: dict[str, int] = field(default_factory=lambda: {
@@ -255,7 +257,8 @@ class GCReport:
             f"({_mb(self.reachable_bytes)}) and {self.young_objects} younger than the "
             f"{self.grace_seconds:g} s grace ({_mb(self.young_bytes)}); {verb} "
             f"{self.deleted_objects} ({_mb(self.deleted_bytes)}); {self.refreshed_objects} "
-            f"reused by writers meanwhile; {self.seconds:.2f} s; requests "
+            f"reused by writers meanwhile; {verb} {self.temp_files} stale temp files; "
+            f"{self.seconds:.2f} s; requests "
             + ", ".join(f"{k} {v}" for k, v in self.requests.items())
         )
 
@@ -428,6 +431,8 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
         deleted = _sweep_memory(backend, candidates, cutoff, c)
     else:
         deleted = _sweep_listed(backend, candidates, cutoff, c)
+    if isinstance(backend, LocalBackend):
+        report.temp_files = _sweep_temps(backend, cutoff, dry_run)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)
@@ -441,6 +446,15 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
 
 def _local_path(backend: LocalBackend, key: str) -> str:
     return os.path.join(backend.root, *key.split("/"))
+
+
+def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
+    """Delete temp files older than the grace: no live writer holds one that long."""
+    stale = backend.stale_temps(cutoff)
+    for path, _size in [] if dry_run else stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return len(stale)
 
 
 def _recover_trash(backend: LocalBackend) -> None:

@@ -404,6 +404,29 @@ def test_local_gc_recovers_a_dead_gcs_trash(tmp_path: Any) -> None:
     assert all_load(store) == 1
 
 
+def test_local_gc_removes_temp_files_of_dead_writers_after_the_grace(tmp_path: Any) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", state(1))
+    assert isinstance(store.backend, LocalBackend)
+    root = store.backend.root
+    info = next(iter(store.backend.list("objects")))
+    obj = os.path.join(root, *info.key.split("/"))
+    head = os.path.join(root, *next(iter(store.backend.list("refs"))).key.split("/"))
+    old = [obj + ".tmp-1-dead", head + ".tmp-1-dead"]
+    young = obj + ".tmp-2-busy"
+    for path in [*old, young]:
+        with open(path, "wb") as f:
+            f.write(b"half written")
+    for path in old:
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    dry = store.gc(grace=timedelta(hours=1), dry_run=True)
+    assert dry.temp_files == 2 and all(os.path.exists(p) for p in [*old, young])
+    report = store.gc(grace=timedelta(hours=1))
+    assert report.temp_files == 2 and "2 stale temp files" in report.to_text()
+    assert not any(os.path.exists(p) for p in old) and os.path.exists(young)
+    assert os.path.exists(obj) and all_load(store) == 1
+
+
 def test_memory_sweep_checks_under_the_lock(tmp_path: Any) -> None:
     store = CheckpointStore.open("memory://gc-sweep-" + os.urandom(4).hex())
     infos, garbage = _candidates(store)
