@@ -35,6 +35,7 @@ class Span:
 
 
 def varint(n: int) -> bytes:
+    """``n`` (>= 0) as a LEB128 varint."""
     out = bytearray()
     while True:  # LEB128
         out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
@@ -49,17 +50,25 @@ def span_fields(data: bytes) -> tuple[int, int, int] | None:
         return None
     fields, pos = [data[0]], 1
     for _ in range(2):
-        value, shift = 0, 0
-        while True:
-            if pos >= len(data) or shift > 28:
-                return None
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        if byte == 0 and shift > 7:  # a trailing zero group: not minimal
+        got = read_varint(data, pos, 5)
+        if got is None:
+            return None
+        value, end = got
+        if end - pos > 1 and data[end - 1] == 0:  # a trailing zero group: not minimal
             return None
         fields.append(value)
+        pos = end
     return (fields[0], fields[1], fields[2]) if pos == len(data) else None
+
+
+def read_varint(data: bytes | memoryview, pos: int, max_bytes: int) -> tuple[int, int] | None:
+    """(value, end) of the LEB128 varint at ``pos``; None if it is cut off or longer than
+    ``max_bytes``."""
+    value, shift = 0, 0
+    for end in range(pos, min(len(data), pos + max_bytes)):
+        byte = data[end]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, end + 1
+    return None

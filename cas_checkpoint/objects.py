@@ -38,6 +38,7 @@ import blake3
 import msgpack
 
 from .errors import FormatError
+from .links import read_varint, varint
 
 ObjectId = NewType("ObjectId", str)
 """64 lowercase hex digits: the BLAKE3 hash of an object's bytes."""
@@ -119,13 +120,7 @@ def _bin_id(value: str) -> bytes:
 def encode_node(payload: bytes, children: tuple[str, ...] = ()) -> bytes:
     """A state node: ``payload`` is codec bytes that may refer to ``children`` by index."""
     out = bytearray(_HEADERS[NODE])
-    n = len(children)
-    while True:  # LEB128 varint
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            break
+    out += varint(len(children))
     for child in children:
         out += _bin_id(child)
     out += payload
@@ -139,16 +134,10 @@ def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryv
     view = memoryview(data)
     if len(view) > 5 and view[5] == 0:  # no children: the common leaf
         return (), view[6:]
-    pos, shift, count = 5, 0, 0
-    while True:
-        if pos >= len(view) or shift > 35:
-            raise _bad("truncated node header")
-        byte = view[pos]
-        pos += 1
-        count |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
+    got = read_varint(view, 5, 6)
+    if got is None:
+        raise _bad("truncated node header")
+    count, pos = got
     end = pos + 32 * count
     if end > len(view):
         raise _bad(f"node names {count} children but is only {len(view)} bytes long")
@@ -179,12 +168,7 @@ class LogEntry:
             _bin_id(self.id),
             None if prev is not None and self.parents == (prev,)
             else [_bin_id(p) for p in self.parents],
-            self.step,
-            self.created_at,
-            self.size,
-            self.label,
-            list(self.tags),
-            self.metadata,
+            *_described(self),
         ]
 
     @staticmethod
@@ -221,6 +205,11 @@ def _unpack_entries(raw: list[Any]) -> tuple[LogEntry, ...]:
     for item in raw:
         out.append(LogEntry.unpack(item, out[-1].id if out else None))
     return tuple(out)
+
+
+def _described(x: LogEntry | Record) -> list[Any]:
+    """The fields a log entry repeats from its record, in their stored order."""
+    return [x.step, x.created_at, x.size, x.label, list(x.tags), x.metadata]
 
 
 def _check_fields(step: object, created: object, size: object, label: object, tags: object,
@@ -279,12 +268,7 @@ class Record:
             self.thread_id,
             [_bin_id(p) for p in self.parents],
             root,
-            self.step,
-            self.created_at,
-            self.size,
-            self.label,
-            list(self.tags),
-            self.metadata,
+            *_described(self),
         ])
 
     def entry(self, cid: CheckpointId) -> LogEntry:

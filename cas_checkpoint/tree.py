@@ -268,10 +268,12 @@ class _Builder:
 
         At each level, children are grouped until one that closes a group (by its id); the
         closed groups become index nodes one level up. The last, still open group of a level
-        holds the nodes closed since that level's last boundary: at the lowest level its
-        members go straight into the top node, at higher levels it is a node of its own that
-        the top node names. An append therefore rewrites the top node, and only now and then
-        a higher open group (when a group below it closes), never a chain of half-full nodes."""
+        holds the nodes closed since that level's last boundary. The lowest level's members go
+        straight into the top node; everything older goes into one spine node: the top level's
+        nodes, each higher open group as a node of its own, and the second level's open members.
+        An append therefore rewrites the top node, and the spine (and perhaps an open group)
+        only when a group closes, never a chain of half-full nodes. The top node is returned
+        unwritten (``_Inline``): its parent, or ``build``, decides where it goes."""
         inner = LIST if shape in (LIST, TUPLE) else shape
         loose: list[list[ObjectId]] = []  # open groups, lowest level first
         depth = 0
