@@ -2,22 +2,22 @@
 
 * ``prune`` edits refs only: it rebuilds a thread's log without the checkpoints a retention policy
   drops (by compare-and-swap, so a concurrent save is never lost) and deletes no object.
-* ``gc`` deletes every object that no ref reaches and that is older than a grace period, judged by
-  the storage's own modified times. What a ref reaches: heads -> log segments -> log entries ->
-  checkpoint records -> state node trees (any shape: nodes are walked with ``decode_node``). A
-  small root node lives inside its record, not as an object: the record's children are then
-  the inline root's children. A record's parents are NOT followed: a checkpoint pruned out of
-  every log is garbage.
+* ``gc`` deletes every pack that no ref names and that is older than a grace period, judged by
+  the storage's own modified times. A thread's head names every pack that holds its objects
+  (``packing.py``), so marking reads the refs and no object: its cost grows with threads and
+  packs, never with nodes. (The report's ``*_objects`` fields count packs.) Packs a merge
+  replaced become garbage here; objects that prune or rewind made unreachable stay inside their
+  packs until ``repack`` rewrites them.
 
 How gc stays safe with writers active, and with no lock that blocks them:
 
-1. writers refresh what they reuse: putting an object that already exists moves its modified time
+1. writers refresh what they reuse: putting a pack that already exists moves its modified time
    (local ``os.utime``, memory:// ``modified``, S3 ``CopyObject`` onto itself), and re-writes it
-   if it vanished meanwhile;
+   if it vanished meanwhile; a save re-puts its new packs on every compare-and-swap attempt;
 2. ``t0`` = the storage's clock (the modified time of a probe written under ``gc/``); mark from
-   every ref, remembering each ref's version; list ``objects/`` once (256 prefixes in
+   every ref, remembering each ref's version; list ``packs/`` once (256 prefixes in
    parallel); re-read the refs and mark from each one that changed, until they are stable
-   (bounded); candidates are the unmarked objects modified before ``t0 - grace``;
+   (bounded); candidates are the unmarked packs modified before ``t0 - grace``;
 3. the final check is atomic where the storage allows it: local disk renames a candidate into
    ``gc/trash-*``, then stats it: if a writer refreshed it, it goes back (``os.link``); memory://
    checks and deletes under the lock writers take; S3 lists the candidates' prefixes again right
@@ -40,35 +40,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .backend import Backend, LocalBackend, MemoryBackend, ObjectInfo
-from .errors import (
-    FormatError,
-    IntegrityError,
-    InvalidArgumentError,
-    NotFoundError,
-    StorageError,
-)
-from .objects import (
-    NODE,
-    RECORD,
-    SEGMENT,
-    CheckpointId,
-    Head,
-    LogEntry,
-    ObjectId,
-    Record,
-    Segment,
-    decode_node,
-    object_id,
-    object_kind,
-)
-from .objstore import PREFIX, key_object_id, object_key
-from .refs import HEADS, LEAF, Ref, RefStore, build, thread_from_key
+from .errors import InvalidArgumentError, StorageError
+from .objects import CheckpointId, Head, LogEntry, ObjectId
+from .objstore import PREFIX, key_pack_id
+from .refs import HEADS, LEAF, Ref, RefStore, build, is_thread_key
 
 GCProgress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
 
 PREFIXES = [f"{PREFIX}/{i:02x}" for i in range(256)]
-READ_BATCH = 1024  # objects read per round while marking (bounds memory)
 DELETE_BATCH = 1000  # S3 DeleteObjects takes up to 1,000 keys
 REF_ROUNDS = 4  # re-reads of the refs after listing, until no ref changed
 TRASH_STALE = 600.0  # seconds: a trash folder this old was left by a gc that died
@@ -168,7 +148,7 @@ def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
             if not removed:
                 raise _Unchanged
             new: dict[ObjectId, bytes] = {}
-            return build(thread_id, kept, cur.head.head, new), new
+            return build(cur.head, kept, cur.head.head, new), refs.missing(cur.head, new)
 
         try:
             refs.update(thread_id, change, current=ref)
@@ -211,7 +191,7 @@ def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int,
     entries = refs.entries(head) + [entry]
     kept, _ = select(entries, entry.id, keep_last=keep_last, older_than=None,
                      keep_labeled=True, now=0.0)
-    return build(head.thread_id, kept, entry.id, new)
+    return build(head, kept, entry.id, new)
 
 
 # --- garbage collection ------------------------------------------------------------------------
@@ -272,20 +252,6 @@ def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
         yield items[i:i + n]
 
 
-def _children(data: bytes) -> tuple[str, ...]:
-    """Ids an object names that gc must keep with it (never a record's parents)."""
-    kind = object_kind(data)
-    if kind == NODE:
-        return decode_node(data)[0]
-    if kind == RECORD:
-        return Record.decode(data).children()  # an inline root is no object: its children
-    if kind == SEGMENT:
-        seg = Segment.decode(data)
-        return seg.children + tuple(e.id for e in seg.entries)
-    raise FormatError(f"object of kind {kind!r} found under objects/; gc stopped before deleting "
-                      "anything. Run `cas-checkpoint verify`")
-
-
 class _Collector:
     def __init__(self, backend: Backend, report: GCReport, progress: GCProgress | None) -> None:
         self.backend = backend
@@ -296,11 +262,12 @@ class _Collector:
         self.versions: dict[str, str] = {}
         self.workers = max(1, min(backend.concurrency, 16))
 
-    # marking
+    # marking: a ref reaches exactly the packs its head names (and its inline objects, which
+    # live in the ref itself), so marking reads the refs and nothing else
 
     def read_refs(self) -> dict[str, Head]:
         """Every ref whose version changed since the last read (all of them the first time)."""
-        keys = [i.key for i in self.backend.list(HEADS) if thread_from_key(i.key) is not None]
+        keys = [i.key for i in self.backend.list(HEADS) if is_thread_key(i.key)]
         self.req["list"] += 1 + len(keys) // 1000
         self.req["get"] += len(keys)
         with ThreadPoolExecutor(self.workers) as pool:
@@ -309,46 +276,15 @@ class _Collector:
         for key, ref in zip(keys, got, strict=True):
             if ref is not None and self.versions.get(key) != ref[1]:
                 self.versions[key] = ref[1]
-                changed[key] = Head.decode(ref[0])
+                changed[key] = Head.decode(ref[0], key)
         self.report.threads = len(self.versions)
         self.report.ref_rounds += 1
         return changed
 
     def mark_heads(self, heads: dict[str, Head]) -> None:
-        roots: list[str] = []
         for head in heads.values():
-            if head.head is not None:
-                roots.append(head.head)
-            roots.extend(p.id for p in head.peaks)
-            roots.extend(e.id for e in head.tail)
-        self.mark(roots, heads)
-
-    def mark(self, roots: list[str], heads: dict[str, Head]) -> None:
-        todo = [o for o in dict.fromkeys(roots) if o not in self.marked]
-        self.marked.update(todo)
-        while todo:
-            nxt: list[str] = []
-            for batch in _chunks(todo, READ_BATCH):
-                got = self.backend.get_many([object_key(o) for o in batch])
-                self.req["get"] += len(batch)
-                for oid in batch:
-                    data = got[object_key(oid)]
-                    if data is None:
-                        raise NotFoundError(
-                            f"gc stopped before deleting anything: object {object_key(oid)}, "
-                            f"reachable from {len(heads)} thread(s) it just read, is missing "
-                            f"from {self.backend.url}. If another gc is running, run gc again "
-                            "when it is done; otherwise run `cas-checkpoint verify` to find "
-                            "the checkpoints affected")
-                    actual = object_id(data)
-                    if actual != oid:
-                        raise IntegrityError(oid, actual, object_key(oid))
-                    for child in _children(data):
-                        if child not in self.marked:
-                            self.marked.add(child)
-                            nxt.append(child)
-                self.progress("mark", len(self.marked) - len(nxt), len(self.marked))
-            todo = nxt
+            self.marked.update(p.id for p in head.packs)
+        self.progress("mark", len(heads), len(heads))
 
     # listing
 
@@ -357,7 +293,7 @@ class _Collector:
         per_prefix: dict[str, int] = {}
         out = []
         for info in infos:
-            oid = key_object_id(info.key)
+            oid = key_pack_id(info.key)
             if oid is not None:
                 out.append((oid, info))
                 per_prefix[oid[:2]] = per_prefix.get(oid[:2], 0) + 1
@@ -436,7 +372,7 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)
-    report.deleted = [ObjectId(o) for o in (key_object_id(i.key) for i in deleted) if o]
+    report.deleted = [ObjectId(o) for o in (key_pack_id(i.key) for i in deleted) if o]
     report.seconds = time.perf_counter() - started
     return report
 
@@ -474,7 +410,7 @@ def _recover_trash(backend: LocalBackend) -> None:
             for f in os.listdir(folder):
                 src = os.path.join(folder, f)
                 key = f"{PREFIX}/{f[:2]}/{f[2:]}"
-                if key_object_id(key) is not None:
+                if key_pack_id(key) is not None:
                     try:
                         os.link(src, _local_path(backend, key))
                     except FileExistsError:

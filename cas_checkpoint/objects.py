@@ -11,7 +11,10 @@ kind   name             body
 ``C``  checkpoint       msgpack array: thread, parents, state root, step, time, size, label,
                         tags, metadata
 ``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
-``H``  thread head      msgpack map: head id, entry count, tail entries, segment peaks
+``H``  thread head      32-byte BLAKE3 of the body, then a msgpack map: thread id, head id and
+                        step, segment peaks, tail entries, packs, inline objects, lineage
+``P``  pack             flags byte, varint count, (32-byte id, varint length) per object,
+                        then the objects' bytes in that order
 =====  ===============  ============================================================
 
 Two encodings keep the bytes every save writes small:
@@ -24,8 +27,11 @@ Two encodings keep the bytes every save writes small:
   entry of the same container stores ``nil`` instead of its parent list. Each container decodes
   on its own: its first entry always lists its parents.
 
-Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap);
-nodes, checkpoint records and segments are immutable objects under ``objects/``.
+Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap).
+Nodes, checkpoint records and segments are immutable objects, each named by the hash of its own
+bytes; they are stored inside a thread's head while few (``Head.inline``), and in packs
+(``packs/``, named by the hash of the pack) after that. A pack's flags byte is 0 (plain); it
+leaves room for compression and encryption.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any, NewType
 import blake3
 import msgpack
 
-from .errors import FormatError
+from .errors import FormatError, IntegrityError
 from .links import read_varint, varint
 
 ObjectId = NewType("ObjectId", str)
@@ -45,9 +51,9 @@ ObjectId = NewType("ObjectId", str)
 CheckpointId = NewType("CheckpointId", str)
 """The ObjectId of a checkpoint record."""
 
-VERSION = 2  # 2: records as arrays, inline roots, log back-references, Span links
-NODE, RECORD, SEGMENT, HEAD = b"N", b"C", b"L", b"H"
-_HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD)}
+VERSION = 3  # 3: packs, heads with a checksum, inline objects and pack lists
+NODE, RECORD, SEGMENT, HEAD, PACK = b"N", b"C", b"L", b"H", b"P"
+_HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD, PACK)}
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_META_BYTES = 64 * 1024
 INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
@@ -72,7 +78,9 @@ def object_kind(data: bytes | memoryview) -> bytes:
         )
     if head[4] != VERSION:
         advice = ("upgrade the package" if head[4] > VERSION else
-                  "it was written by an older cas_checkpoint: read it with that version")
+                  "it was written by an older cas_checkpoint (format 2 is cas_checkpoint 0.1's "
+                  "layout of one file per object): read it with that version, or start a new "
+                  "store")
         raise FormatError(
             f"object format version {head[4]} is not supported by this version of "
             f"cas_checkpoint (it reads version {VERSION}); {advice}"
@@ -351,54 +359,166 @@ class Peak:
 
 
 @dataclass(frozen=True, slots=True)
+class PackRef:
+    """A pack a head names: its id (the hash of its bytes), merge level, bytes and objects."""
+
+    id: ObjectId
+    level: int
+    size: int
+    count: int
+
+
+MAX_HEAD_BYTES = 4 << 20  # a ref larger than this is refused before it is read whole
+
+
+@dataclass(frozen=True, slots=True)
 class Head:
-    """The mutable ref of one thread: current head, full segment trees (peaks), recent entries."""
+    """The mutable ref of one thread: current head, full segment trees (peaks), recent entries,
+    and where the thread's objects are: the packs it names and the objects still ``inline``.
+
+    ``lineage`` is set when the thread is created (and by a fork): while it stays the same, every
+    object a head of the thread held is still held by its later heads (packs are only merged,
+    never thinned), so a writer may skip writing what it saw there."""
 
     thread_id: str
     head: CheckpointId | None
     head_step: int = -1  # step of the head checkpoint, -1 when there is none
     peaks: tuple[Peak, ...] = ()
     tail: tuple[LogEntry, ...] = ()
+    packs: tuple[PackRef, ...] = ()
+    inline: tuple[bytes, ...] = ()
+    lineage: bytes = b""
 
     @property
     def count(self) -> int:
         return sum(p.count for p in self.peaks) + len(self.tail)
 
+    def storage(self, base: Head) -> Head:
+        """This head with the packs, inline objects and lineage of ``base``."""
+        return Head(self.thread_id, self.head, self.head_step, self.peaks, self.tail,
+                    base.packs, base.inline, base.lineage)
+
     def encode(self) -> bytes:
-        return _pack(HEAD, {
+        body: bytes = msgpack.packb({
             "t": self.thread_id,
             "h": None if self.head is None else _bin_id(self.head),
             "s": self.head_step,
             "p": [[_bin_id(p.id), p.level, p.count] for p in self.peaks],
             "e": _pack_entries(self.tail),
-        })
+            "k": [[_bin_id(p.id), p.level, p.size, p.count] for p in self.packs],
+            "i": list(self.inline),
+            "g": self.lineage,
+        }, use_bin_type=True)
+        return _HEADERS[HEAD] + blake3.blake3(body).digest() + body
 
     @staticmethod
-    def decode(data: bytes | memoryview) -> Head:
-        body = _unpack_body(data, HEAD)
-        if not isinstance(body, dict) or set(body) != {"t", "h", "s", "p", "e"}:
-            raise _bad("head must be a map with keys t,h,s,p,e")
-        thread, head, peaks, tail = body["t"], body["h"], body["p"], body["e"]
-        step = body["s"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < -1:
-            raise _bad("head step must be an int >= -1")
+    def decode(data: bytes | memoryview, path: str = "ref") -> Head:
+        if len(data) > MAX_HEAD_BYTES:
+            raise _bad(f"a ref of {len(data)} bytes is larger than any valid ref "
+                       f"({MAX_HEAD_BYTES} bytes)")
+        if object_kind(data) != HEAD:
+            raise _bad("expected a thread head")
+        view = memoryview(data)
+        if len(view) < 5 + 32:
+            raise _bad("truncated thread head")
+        want, body = bytes(view[5:37]).hex(), view[37:]
+        actual = blake3.blake3(body).hexdigest()
+        if actual != want:
+            raise IntegrityError(want, actual, path)
+        try:
+            raw = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0,
+                                  use_list=True)
+        except Exception as exc:
+            raise _bad(f"cannot decode thread head: {exc}") from None
+        if not isinstance(raw, dict) or set(raw) != {"t", "h", "s", "p", "e", "k", "i", "g"}:
+            raise _bad("head must be a map with keys t,h,s,p,e,k,i,g")
+        thread, head, peaks, tail = raw["t"], raw["h"], raw["p"], raw["e"]
+        step, packs, inline, lineage = raw["s"], raw["k"], raw["i"], raw["g"]
+        if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step < 1 << 62:
+            raise _bad("head step must be an int in [-1, 2**62)")
         if not isinstance(thread, str):
             raise _bad("head thread must be a string")
         if head is not None and (not isinstance(head, bytes) or len(head) != 32):
             raise _bad("head id must be 32 bytes or nil")
-        if not isinstance(peaks, list) or not isinstance(tail, list):
-            raise _bad("head peaks and tail must be lists")
+        if not all(isinstance(x, list) for x in (peaks, tail, packs, inline)):
+            raise _bad("head peaks, tail, packs and inline objects must be lists")
+        if not isinstance(lineage, bytes) or len(lineage) > 32:
+            raise _bad("head lineage must be at most 32 bytes")
         out = []
         for p in peaks:
             if (not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], bytes)
-                    or len(p[0]) != 32 or not isinstance(p[1], int) or not isinstance(p[2], int)
-                    or p[2] < 0 or not 0 <= p[1] < 64):
+                    or len(p[0]) != 32 or not _count(p[1]) or not _count(p[2])
+                    or not p[1] < 64):
                 raise _bad("head peak must be [32-byte id, level, count]")
             out.append(Peak(ObjectId(p[0].hex()), p[1], p[2]))
+        refs = []
+        for p in packs:
+            if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
+                    or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
+                raise _bad("head pack must be [32-byte id, level, size, count]")
+            refs.append(PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3]))
+        if not all(isinstance(o, bytes) for o in inline):
+            raise _bad("head inline objects must be byte strings")
         return Head(
             thread,
             None if head is None else CheckpointId(head.hex()),
             step,
             tuple(out),
             _unpack_entries(tail),
+            tuple(refs),
+            tuple(inline),
+            lineage,
         )
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+
+
+# --- packs -------------------------------------------------------------------------------------
+
+
+def encode_pack(objects: dict[ObjectId, bytes]) -> bytes:
+    """One pack holding ``objects`` (id -> bytes), in the order given."""
+    out = bytearray(_HEADERS[PACK])
+    out.append(0)  # flags: 0 = plain (room for compression and encryption)
+    out += varint(len(objects))
+    for oid, data in objects.items():
+        out += _bin_id(oid)
+        out += varint(len(data))
+    for data in objects.values():
+        out += data
+    return bytes(out)
+
+
+def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
+    """The objects of a pack (id -> bytes view), checked for shape only: the caller re-hashes
+    each object it uses."""
+    if object_kind(data) != PACK:
+        raise _bad("expected a pack")
+    view = memoryview(data)
+    if len(view) < 7 or view[5] != 0:
+        raise _bad("pack flags are not 0 (this version reads plain packs only)")
+    got = read_varint(view, 6, 9)
+    if got is None:
+        raise _bad("truncated pack header")
+    count, pos = got
+    if count > (len(view) - pos) // 33:
+        raise _bad(f"pack claims {count} objects but is only {len(view)} bytes long")
+    index: list[tuple[ObjectId, int]] = []
+    for _ in range(count):
+        oid = ObjectId(bytes(view[pos:pos + 32]).hex())
+        got = read_varint(view, pos + 32, 9)
+        if got is None:
+            raise _bad("truncated pack index")
+        size, pos = got
+        index.append((oid, size))
+    out: dict[ObjectId, memoryview] = {}
+    for oid, size in index:
+        if pos + size > len(view):
+            raise _bad("pack index names more bytes than the pack holds")
+        out[oid] = view[pos:pos + size]
+        pos += size
+    if pos != len(view):
+        raise _bad("trailing bytes after the objects of a pack")
+    return out

@@ -1,107 +1,230 @@
-"""Immutable objects by id, over a Backend. Every read re-hashes: wrong bytes are never returned."""
+"""Immutable objects by id, in packs and in thread heads. Every read re-hashes: wrong bytes are
+never returned.
+
+A thread's objects live in the packs its head names and in the head itself (``Head.inline``).
+``ObjectStore.view(head)`` fetches the packs a head names that are not cached yet (one parallel
+round) and answers reads from them; each object is hashed the first time it is taken out of a
+pack, and a pack is hashed as a whole when it is read from storage. Packs are immutable, so a
+bounded in-memory LRU cache of them (and, opt-in, a directory of them on local disk) never goes
+stale.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from .backend import Backend
-from .errors import IntegrityError, NotFoundError
-from .objects import ObjectId, object_id
+from .errors import FormatError, IntegrityError, NotFoundError
+from .objects import Head, ObjectId, decode_pack, object_id
 
-PREFIX = "objects"
-
-
-def object_key(oid: str) -> str:
-    """``objects/ab/cdef...``: 256 folders, so no folder grows huge."""
-    return f"{PREFIX}/{oid[:2]}/{oid[2:]}"
+PREFIX = "packs"
 
 
-def key_object_id(key: str) -> ObjectId | None:
-    """The id named by an object key, or None for a key that is not an object."""
+def pack_key(pid: str) -> str:
+    """``packs/ab/cdef...``: 256 folders, so no folder grows huge."""
+    return f"{PREFIX}/{pid[:2]}/{pid[2:]}"
+
+
+def key_pack_id(key: str) -> ObjectId | None:
+    """The id named by a pack key, or None for a key that is not a pack."""
     parts = key.split("/")
     if len(parts) != 3 or parts[0] != PREFIX or len(parts[1]) != 2:
         return None
-    oid = parts[1] + parts[2]
-    if len(oid) != 64 or any(c not in "0123456789abcdef" for c in oid):
+    pid = parts[1] + parts[2]
+    if len(pid) != 64 or any(c not in "0123456789abcdef" for c in pid):
         return None
-    return ObjectId(oid)
+    return ObjectId(pid)
+
+
+@dataclass(slots=True)
+class Pack:
+    """A pack read (and hashed) from storage: its objects, and which ones were re-hashed."""
+
+    id: ObjectId
+    size: int
+    objects: dict[ObjectId, memoryview]
+    verified: set[str] = field(default_factory=set)
+
+    def get(self, oid: str) -> bytes | None:
+        view = self.objects.get(ObjectId(oid))
+        if view is None:
+            return None
+        data = bytes(view)
+        if oid not in self.verified:
+            actual = object_id(data)
+            if actual != oid:
+                raise IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})")
+            self.verified.add(oid)
+        return data
+
+
+def parse_pack(pid: str, data: bytes) -> Pack:
+    """A pack from its stored bytes: hashed against its name, then its index decoded."""
+    actual = object_id(data)
+    if actual != pid:
+        raise IntegrityError(pid, actual, pack_key(pid))
+    try:
+        objects = decode_pack(data)
+    except FormatError as exc:
+        raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
+    return Pack(ObjectId(pid), len(data), objects)
+
+
+class View:
+    """The objects one head holds: its inline objects and those of its packs."""
+
+    def __init__(self, head: Head, packs: list[Pack], store: ObjectStore) -> None:
+        self.head = head
+        self.packs = packs
+        self.store = store
+        self.inline: dict[str, bytes] = {}
+        for data in head.inline:
+            self.inline[object_id(data)] = data  # named by their hash: nothing to check
+
+    def get(self, oid: str) -> bytes:
+        data = self.inline.get(oid)
+        if data is not None:
+            return data
+        for pack in self.packs:
+            got = pack.get(oid)
+            if got is not None:
+                return got
+        raise NotFoundError(
+            f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
+            f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "
+            "needs it cannot be loaded. Run `cas-checkpoint verify` to list what is affected."
+        )
+
+    def get_many(self, oids: Iterable[str]) -> dict[str, bytes]:
+        return {oid: self.get(oid) for oid in dict.fromkeys(oids)}
+
+    def ids(self) -> set[str]:
+        out = set(self.inline)
+        for pack in self.packs:
+            out.update(pack.objects)
+        return out
 
 
 class ObjectStore:
-    """Content-addressed reads and writes, with a small verified read cache."""
+    """Packs by id, with a bounded LRU cache (and an optional on-disk cache)."""
 
-    def __init__(self, backend: Backend, cache_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, backend: Backend, cache_bytes: int = 256 * 1024 * 1024,
+                 cache_dir: str | None = None) -> None:
         self.backend = backend
-        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache: OrderedDict[str, Pack] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._lock = threading.Lock()
+        self.cache_dir = cache_dir
+        self.hits = 0
+        self.misses = 0
+        if cache_dir is not None:
+            os.makedirs(cache_dir, exist_ok=True)
 
-    def _remember(self, oid: str, data: bytes) -> None:
-        if len(data) > self._cache_limit // 8:
-            return
+    # --- cache ---
+
+    def _remember(self, pack: Pack) -> None:
         with self._lock:
-            if oid in self._cache:
-                self._cache.move_to_end(oid)
+            if pack.id in self._cache:
+                self._cache.move_to_end(pack.id)
                 return
-            self._cache[oid] = data
-            self._cache_bytes += len(data)
-            while self._cache_bytes > self._cache_limit:
+            self._cache[pack.id] = pack
+            self._cache_bytes += pack.size
+            while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old)
+                self._cache_bytes -= old.size
 
-    def _cached(self, oid: str) -> bytes | None:
+    def _cached(self, pid: str) -> Pack | None:
         with self._lock:
-            data = self._cache.get(oid)
-            if data is not None:
-                self._cache.move_to_end(oid)
-            return data
+            pack = self._cache.get(pid)
+            if pack is not None:
+                self._cache.move_to_end(pid)
+                self.hits += 1
+            return pack
 
-    def forget(self, oids: Iterable[str]) -> None:
+    def forget(self, pids: Iterable[str]) -> None:
         with self._lock:
-            for oid in oids:
-                data = self._cache.pop(oid, None)
-                if data is not None:
-                    self._cache_bytes -= len(data)
+            for pid in pids:
+                pack = self._cache.pop(pid, None)
+                if pack is not None:
+                    self._cache_bytes -= pack.size
 
-    def _check(self, oid: str, data: bytes) -> bytes:
-        actual = object_id(data)
-        if actual != oid:
-            raise IntegrityError(oid, actual, object_key(oid))
-        return data
+    def _disk_path(self, pid: str) -> str:
+        assert self.cache_dir is not None
+        return os.path.join(self.cache_dir, pid)
 
-    def put_many(self, objects: dict[ObjectId, bytes]) -> None:
-        """Write objects that are not there yet (each completely or not at all)."""
-        if objects:
-            self.backend.put_many({object_key(k): v for k, v in objects.items()})
-            for oid, data in objects.items():
-                self._remember(oid, data)
+    def _from_disk(self, pid: str) -> Pack | None:
+        if self.cache_dir is None:
+            return None
+        try:
+            with open(self._disk_path(pid), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        try:
+            return parse_pack(pid, data)  # re-hashed: a damaged cache file is just a miss
+        except (IntegrityError, FormatError):
+            return None
 
-    def get(self, oid: str) -> bytes:
-        return self.get_many([oid])[oid]
+    def _to_disk(self, pid: str, data: bytes) -> None:
+        if self.cache_dir is None:
+            return
+        tmp = f"{self._disk_path(pid)}.tmp-{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._disk_path(pid))
+        except OSError:
+            pass  # the disk cache is only a cache
 
-    def get_many(self, oids: Iterable[str]) -> dict[str, bytes]:
-        """Read and verify objects concurrently; NotFoundError names the first missing one."""
-        out: dict[str, bytes] = {}
+    # --- packs ---
+
+    def put_packs(self, packs: dict[ObjectId, bytes]) -> None:
+        """Write packs that are not there yet (each completely or not at all); writing one that
+        exists refreshes its modified time, for gc."""
+        if not packs:
+            return
+        self.backend.put_many({pack_key(k): v for k, v in packs.items()})
+        for pid, data in packs.items():
+            self._remember(parse_pack(pid, data))
+
+    def packs(self, pids: Iterable[str]) -> dict[str, Pack]:
+        """Packs by id, verified; the ones not cached are read in one parallel round."""
+        out: dict[str, Pack] = {}
         missing = []
-        for oid in dict.fromkeys(oids):
-            data = self._cached(oid)
-            if data is None:
-                missing.append(oid)
+        for pid in dict.fromkeys(pids):
+            pack = self._cached(pid) or self._from_disk(pid)
+            if pack is None:
+                missing.append(pid)
             else:
-                out[oid] = data
+                out[pid] = pack
+                self._remember(pack)
         if missing:
-            got = self.backend.get_many(object_key(o) for o in missing)
-            for oid in missing:
-                data = got[object_key(oid)]
+            with self._lock:
+                self.misses += len(missing)
+            got = self.backend.get_many(pack_key(p) for p in missing)
+            for pid in missing:
+                data = got[pack_key(pid)]
                 if data is None:
                     raise NotFoundError(
-                        f"object {object_key(oid)} is missing from {self.backend.url}; a "
-                        "checkpoint that needs it cannot be loaded. Run `cas-checkpoint verify` "
+                        f"pack {pack_key(pid)} is missing from {self.backend.url}; the "
+                        "checkpoints stored in it cannot be loaded. Run `cas-checkpoint verify` "
                         "to list the checkpoints affected."
                     )
-                out[oid] = self._check(oid, data)
-                self._remember(oid, data)
+                out[pid] = pack = parse_pack(pid, data)
+                self._remember(pack)
+                self._to_disk(pid, data)
         return out
+
+    def pack_bytes(self, pids: Iterable[str]) -> dict[ObjectId, dict[ObjectId, memoryview]]:
+        """The objects of each pack (for merging)."""
+        return {ObjectId(k): v.objects for k, v in self.packs(pids).items()}
+
+    def view(self, head: Head) -> View:
+        """Reads of the objects ``head`` holds (its packs are fetched now, in one round)."""
+        got = self.packs([p.id for p in head.packs]) if head.packs else {}
+        return View(head, [got[p.id] for p in head.packs], self)

@@ -7,10 +7,14 @@ and the roots ("peaks") of complete, immutable log segment trees stored as objec
 * when the tail reaches ``LEAF`` entries it becomes a level-0 segment;
 * when ``FANOUT`` peaks of one level stand side by side they become one segment a level up.
 
-So a save writes the head file (a few KB at most) and now and then one segment; the head holds at
-most ``FANOUT - 1`` peaks per level, and reading the whole log takes one round of parallel reads
-per level. Rewind, delete and fork rebuild the log from its entries; unchanged leading segments
-come out byte-identical, so they are shared, not written again.
+So the head holds at most ``FANOUT - 1`` peaks per level. Segments are objects like any other:
+inline in the head or in the thread's packs (``packing.py``), so reading the whole log reads the
+head and its packs. Rewind, delete and fork rebuild the log from its entries; unchanged leading
+segments come out byte-identical, so they are shared, not written again.
+
+A thread's key is the base32 of its id's UTF-8 bytes when that is short, and ``h-`` + the BLAKE3
+of the id otherwise (the head keeps the full id), so ids of any length (LangGraph namespaces
+included) stay inside ``refs/heads``.
 """
 
 from __future__ import annotations
@@ -18,20 +22,25 @@ from __future__ import annotations
 import base64
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import blake3
+
+from . import packing
 from .backend import Backend, RefMismatch
 from .errors import ConflictError, FormatError, InvalidArgumentError, StorageError
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Peak, Segment, object_id
-from .objstore import ObjectStore
+from .objstore import ObjectStore, View
 
 log = logging.getLogger("cas_checkpoint")
 
 LEAF = 16
 FANOUT = 16
-MAX_THREAD_ID_BYTES = 128
+MAX_THREAD_ID_BYTES = 64 * 1024
+SHORT_KEY_BYTES = 80  # ids up to this many UTF-8 bytes are spelled out in their key
 HEADS = "refs/heads"
 RETRIES = 64  # lost races in a row before giving up: 8 busy writers lose ~3 in 4
 RACE_WAIT = 0.25  # cap of the random wait after a lost race, in seconds
@@ -42,7 +51,12 @@ def thread_key(thread_id: str) -> str:
     (``/``, ``..``, unicode are just bytes here) and case-insensitive disks cannot mix ids up."""
     if not isinstance(thread_id, str):
         raise InvalidArgumentError(f"thread id must be a str, not {type(thread_id).__name__}")
-    raw = thread_id.encode("utf-8", "surrogatepass")
+    try:
+        raw = thread_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"thread id {thread_id[:80]!r} is not valid Unicode ({exc.reason} at index "
+            f"{exc.start}); pass a str without lone surrogates") from None
     if not raw:
         raise InvalidArgumentError("thread id is empty; pass a non-empty string")
     if len(raw) > MAX_THREAD_ID_BYTES:
@@ -50,15 +64,33 @@ def thread_key(thread_id: str) -> str:
             f"thread id is {len(raw)} bytes in UTF-8, more than {MAX_THREAD_ID_BYTES}; use a "
             "shorter id (for instance a UUID or a hash of the long one)"
         )
+    if len(raw) > SHORT_KEY_BYTES:
+        return f"{HEADS}/h-{blake3.blake3(raw).hexdigest()}"
     return f"{HEADS}/" + base64.b32encode(raw).decode("ascii").rstrip("=").lower()
 
 
 def thread_from_key(key: str) -> str | None:
+    """The thread id spelled in a key; None for a hashed key (its head holds the id) or a key
+    that is not a thread's."""
     name = key.rsplit("/", 1)[-1].upper()
     try:
-        return base64.b32decode(name + "=" * (-len(name) % 8)).decode("utf-8", "surrogatepass")
+        return base64.b32decode(name + "=" * (-len(name) % 8)).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def is_thread_key(key: str) -> bool:
+    """Whether a key under ``refs/heads`` is a thread's ref (not a lock or temp file)."""
+    return is_hashed_key(key) or thread_from_key(key) is not None
+
+
+def is_hashed_key(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return name.startswith("h-") and len(name) == 66
+
+
+def new_lineage() -> bytes:
+    return secrets.token_bytes(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,32 +116,37 @@ def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
             new[oid] = data
             peaks = peaks[:-FANOUT] + (Peak(oid, group[0].level + 1,
                                             sum(p.count for p in group)),)
-    return Head(head.thread_id, entry.id, entry.step, peaks, tail)
+    return Head(head.thread_id, entry.id, entry.step, peaks, tail, head.packs, head.inline,
+                head.lineage)
 
 
-def build(thread_id: str, entries: list[LogEntry], head_id: CheckpointId | None,
+def build(base: Head, entries: list[LogEntry], head_id: CheckpointId | None,
           new: dict[ObjectId, bytes]) -> Head:
-    """A head holding exactly ``entries`` (in order), with ``head_id`` as its head."""
-    head = Head(thread_id, None)
+    """A head holding exactly ``entries`` (in order), with ``head_id`` as its head, and the
+    thread id, packs, inline objects and lineage of ``base``."""
+    head = Head(base.thread_id, None)
     for entry in entries:
         head = append(head, entry, new)
     step = next((e.step for e in entries if e.id == head_id), -1)
-    return Head(thread_id, head_id if step >= 0 else None, step, head.peaks, head.tail)
+    return Head(base.thread_id, head_id if step >= 0 else None, step, head.peaks, head.tail,
+                base.packs, base.inline, base.lineage)
 
 
 class RefStore:
     """Reads and compare-and-swaps thread refs."""
 
-    def __init__(self, backend: Backend, objects: ObjectStore) -> None:
+    def __init__(self, backend: Backend, objects: ObjectStore,
+                 inline_max: int = packing.INLINE_MAX) -> None:
         self.backend = backend
         self.objects = objects
+        self.inline_max = inline_max
 
     def read(self, thread_id: str) -> Ref | None:
         key = thread_key(thread_id)
         got = self.backend.read_ref(key)
         if got is None:
             return None
-        head = Head.decode(got[0])
+        head = Head.decode(got[0], key)
         if head.thread_id != thread_id:
             raise FormatError(
                 f"ref {key} belongs to thread {head.thread_id!r}, not {thread_id!r}: the ref "
@@ -120,6 +157,13 @@ class RefStore:
     def threads(self) -> list[str]:
         out = []
         for info in self.backend.list(HEADS):
+            if is_hashed_key(info.key):  # a long id: its head holds it
+                got = self.backend.read_ref(info.key)
+                if got is not None:
+                    thread = Head.decode(got[0], info.key).thread_id
+                    if info.key == thread_key(thread):
+                        out.append(thread)
+                continue
             thread = thread_from_key(info.key)
             if thread is not None and info.key == thread_key(thread):
                 out.append(thread)
@@ -128,8 +172,18 @@ class RefStore:
     def iter_newest_first(self, head: Head) -> Iterator[LogEntry]:
         """Entries newest first, reading segments lazily (one peak tree at a time)."""
         yield from reversed(head.tail)
-        for peak in reversed(head.peaks):
-            yield from reversed(self._read_trees([peak.id]))
+        if head.peaks:
+            view = self.objects.view(head)
+            for peak in reversed(head.peaks):
+                yield from reversed(self._read_trees([peak.id], view))
+
+    def missing(self, head: Head, new: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
+        """The objects of ``new`` that ``head`` does not hold yet (a rebuilt log repeats most
+        of its segments)."""
+        if not new:
+            return new
+        have = self.objects.view(head).ids()
+        return {k: v for k, v in new.items() if k not in have}
 
     def holds(self, head: Head, entry: LogEntry) -> bool:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
@@ -142,14 +196,17 @@ class RefStore:
         return False
 
     def entries(self, head: Head) -> list[LogEntry]:
-        """Every entry, oldest first: one round of parallel reads per tree level."""
-        return self._read_trees([p.id for p in head.peaks]) + list(head.tail)
+        """Every entry, oldest first."""
+        if not head.peaks:
+            return list(head.tail)
+        view = self.objects.view(head)
+        return self._read_trees([p.id for p in head.peaks], view) + list(head.tail)
 
-    def _read_trees(self, roots: list[ObjectId]) -> list[LogEntry]:
+    def _read_trees(self, roots: list[ObjectId], view: View) -> list[LogEntry]:
         segs: dict[ObjectId, Segment] = {}
         pending = list(dict.fromkeys(roots))
         while pending:
-            got = self.objects.get_many(pending)
+            got = view.get_many(pending)
             children: list[ObjectId] = []
             for oid in pending:
                 segs[oid] = seg = Segment.decode(got[oid])
@@ -186,8 +243,9 @@ class RefStore:
         ``current`` is a ref the caller believes current (it may be stale: it is only a guess
         that saves a read). ``done(ref)``, asked after a lost race, says whether ``ref`` already
         holds the change (our write landed, its reply was lost, and another writer built on
-        it): then the change is not applied twice. Returns the ref written (or the one found
-        holding the change), or None when it was deleted."""
+        it): then the change is not applied twice. The new objects go inline into the head or
+        into packs (``packing.stage``), written before the ref that names them. Returns the ref
+        written (or the one found holding the change), or None when it was deleted."""
         key = thread_key(thread_id)
         fresh = current is ...
         ref = self.read(thread_id) if fresh else current
@@ -200,7 +258,10 @@ class RefStore:
                     continue
                 raise ConflictError(thread_id, expected_head, actual)  # type: ignore[arg-type]
             new_head, new_objects = change(ref)
-            self.objects.put_many(new_objects)  # segments before the ref that names them
+            if new_head is not None:
+                new_head, packs = packing.stage(new_head, new_objects, self.objects.pack_bytes,
+                                                self.inline_max)
+                self.objects.put_packs(packs)  # packs before the ref that names them
             try:
                 if new_head is None:
                     if ref is not None:

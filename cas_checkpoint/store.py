@@ -33,8 +33,8 @@ from .objects import (
     is_object_id,
     object_id,
 )
-from .objstore import ObjectStore
-from .refs import Ref, RefStore, build, thread_key
+from .objstore import ObjectStore, View, pack_key
+from .refs import Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
 from .verify import Progress, VerifyReport
 from .verify import verify as _verify
@@ -43,7 +43,25 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 _UNSET: Any = ...
-REFRESH_AFTER = 5.0  # seconds: a save still retrying its ref after this rewrites its nodes
+LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
+
+
+class _Known:
+    """Objects this process saw in a head of one lineage (so a save may skip writing them):
+    those of a view it loaded, plus the ones it saved since."""
+
+    __slots__ = ("extra", "lineage", "view")
+
+    def __init__(self, lineage: bytes, view: View | None = None) -> None:
+        self.lineage, self.view, self.extra = lineage, view, set[str]()
+
+    def __contains__(self, oid: object) -> bool:
+        if oid in self.extra:
+            return True
+        view = self.view
+        if view is None or not isinstance(oid, str):
+            return False
+        return oid in view.inline or any(oid in p.objects for p in view.packs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +174,8 @@ class CheckpointStore:
         self.objects = ObjectStore(backend)
         self.refs = RefStore(backend, self.objects)
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
-        self._known: dict[str, Ref] = {}  # last ref this store wrote, per thread
-        # per thread: (checkpoint id, ids of its state nodes) of the last one saved here
-        self._nodes: dict[str, tuple[CheckpointId, frozenset[str]]] = {}
+        self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
+        self._have: dict[str, _Known] = {}  # objects known held by that thread's lineage
 
     @property
     def url(self) -> str:
@@ -187,48 +204,49 @@ class CheckpointStore:
         inline = root_node if inlinable(root_node) else None
         nodes = {k: v for k, v in built.objects.items() if inline is None or k != built.root}
         current = self._known.get(thread_id, _UNSET)
-        # Nodes of the head we are about to extend exist and stay reachable while that head is
-        # the head, so they need no write. If the head turns out to be another one, write them.
-        base_id, base_nodes = self._nodes.get(thread_id, (None, frozenset()))
-        if current is _UNSET or current is None or current.head.head != base_id:
-            base_id, base_nodes = None, frozenset()
-        self.objects.put_many({k: v for k, v in nodes.items() if k not in base_nodes})
-        skipped = {k: v for k, v in nodes.items() if k in base_nodes}
-        saved: dict[str, Any] = {"written": time.monotonic()}
+        known = self._have.get(thread_id)
+        saved: dict[str, Any] = {}
 
         def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
-            if skipped and (ref is None or ref.head.head != base_id):
-                self.objects.put_many(skipped)
-                skipped.clear()
-            if time.monotonic() - saved["written"] > REFRESH_AFTER:  # a long contended save:
-                self.objects.put_many(nodes)  # refresh its nodes for a running gc
-                saved["written"] = time.monotonic()
-            head = ref.head if ref else Head(thread_id, None)
+            if ref is None:
+                head = Head(thread_id, None, lineage=new_lineage())
+            else:
+                head = ref.head
+            # Objects a head of this lineage held are held by every later head of it: skip
+            # writing the nodes this process saw there. Otherwise write them all.
+            skip = known if known is not None and known.lineage == head.lineage else None
+            new = {k: v for k, v in nodes.items() if skip is None or k not in skip}
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
                             built.size, label, tags_t, meta, inline)
             data = record.encode()
             cid = CheckpointId(object_id(data))
-            self.objects.put_many({ObjectId(cid): data})  # the record before the ref
-            new: dict[ObjectId, bytes] = {}
+            new[ObjectId(cid)] = data
             saved["entry"] = entry = record.entry(cid)
-            new_head = log_append(head, entry, new)
+            segments: dict[ObjectId, bytes] = {}
+            new_head = log_append(head, entry, segments)
             # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
             # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
             if self.keep_last is not None and gcmod.prune_due(new_head.count, self.keep_last):
-                new.clear()
-                new_head = gcmod.pruned_head(self.refs, head, entry, self.keep_last, new)
+                segments.clear()
+                new_head = gcmod.pruned_head(self.refs, head, entry, self.keep_last, segments)
+                segments = self.refs.missing(head, segments)
+            new.update(segments)
+            saved["new"], saved["lineage"], saved["skip"] = new, head.lineage, skip
             return new_head, new
 
         self._known.pop(thread_id, None)
-        self._nodes.pop(thread_id, None)
+        self._have.pop(thread_id, None)
         ref = self.refs.update(thread_id, change, expected_head=expected_head, current=current,
                                done=lambda r: "entry" in saved
                                and self.refs.holds(r.head, saved["entry"]))
         entry: LogEntry = saved["entry"]
-        if ref is not None:
+        if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
-            self._nodes[thread_id] = (entry.id, frozenset(nodes))  # stored nodes only
+            have = saved["skip"] or _Known(saved["lineage"])
+            have.extra.update(saved["new"])
+            have.extra.update(nodes)
+            self._have[thread_id] = have
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
         return _info(entry, thread_id)
@@ -254,10 +272,26 @@ class CheckpointStore:
     def load(self, thread_id: str, checkpoint_id: CheckpointId | None = None) -> Checkpoint:
         """The head of ``thread_id``, or one of its checkpoints by id."""
         t0 = time.perf_counter()
-        ref = self._ref(thread_id)
+        cid = None if checkpoint_id is None else _check_id(checkpoint_id)
+        for attempt in range(LOAD_RETRIES):
+            ref = self._ref(thread_id)
+            try:
+                cp = self._load_ref(thread_id, ref, cid)
+                break
+            except NotFoundError:
+                # A pack merged away and collected since we read the ref? Read it again.
+                if attempt + 1 == LOAD_RETRIES or self.refs.read(thread_id) == ref:
+                    raise
+        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
+                  (time.perf_counter() - t0) * 1000)
+        return cp
+
+    def _load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
+                  ) -> Checkpoint:
         head = ref.head
-        cid = head.head if checkpoint_id is None else _check_id(checkpoint_id)
+        cid = head.head if checkpoint_id is None else checkpoint_id
         assert cid is not None
+        view = self.objects.view(head)
         if checkpoint_id is not None and cid != head.head:
             self._entry(thread_id, head, cid)
         elif all(e.id != cid for e in head.tail):  # a head edited to point outside its log
@@ -271,41 +305,43 @@ class CheckpointStore:
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
-        seen: set[str] = set()
-        cp = self._load(cid, thread_id, seen)
-        if cid == head.head:  # a save that follows this load need not write these nodes
+        cp = self._load(view, cid, thread_id)
+        if cid == head.head:  # a save that follows this load need not write what it holds
             self._known[thread_id] = ref
-            self._nodes[thread_id] = (cid, frozenset(seen))
-        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cid, cp.size,
-                  (time.perf_counter() - t0) * 1000)
+            self._have[thread_id] = _Known(head.lineage, view)
         return cp
 
     def get(self, checkpoint_id: CheckpointId) -> Checkpoint:
-        """Any checkpoint by id alone, whatever its thread."""
-        return self._load(_check_id(checkpoint_id), None)
+        """Any checkpoint by id alone, whatever its thread (this looks through the threads'
+        logs: ``load(thread_id, checkpoint_id)`` is faster when you know the thread)."""
+        cid = _check_id(checkpoint_id)
+        for thread in self.threads():
+            ref = self.refs.read(thread)
+            if ref is None or ref.head.head is None:
+                continue
+            if any(e.id == cid for e in self.refs.iter_newest_first(ref.head)):
+                return self._load(self.objects.view(ref.head), cid, None)
+        raise NotFoundError(f"checkpoint {cid} does not exist in {self.url} (no thread's log "
+                            "holds it)")
 
-    def _load(self, cid: CheckpointId, thread_id: str | None,
-              seen: set[str] | None = None) -> Checkpoint:
+    def _load(self, view: View, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
         try:
-            record = Record.decode(self.objects.get(cid))
+            record = Record.decode(view.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         inline = record.root_node
 
         def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
             if inline is None:
-                return self.objects.get_many(oids)
+                return view.get_many(oids)
             # the root is in the record (its hash covers it): read only the nodes under it
-            rest = [o for o in oids if o != record.root]
-            out = self.objects.get_many(rest) if rest else {}
-            if len(rest) < len(oids):
+            out = view.get_many(o for o in oids if o != record.root)
+            if record.root in oids:
                 out[record.root] = inline
             return out
 
-        state = tree.load(record.root, fetch, self.types, seen,
+        state = tree.load(record.root, fetch, self.types,
                           max_bytes=2 * record.size + (1 << 20))
-        if inline is not None and seen is not None:
-            seen.discard(record.root)  # not an object: a later save must never skip writing it
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
                           record.label, record.tags, record.metadata, state)
@@ -379,10 +415,13 @@ class CheckpointStore:
                 keep.add(c)
                 todo.extend(by_id[c].parents)
         kept = [e for e in entries if e.id in keep]
+        src = self._ref(thread_id).head
 
         def change(ref: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
             new: dict[ObjectId, bytes] = {}
-            return build(new_thread_id, kept, cid, new), new
+            base = Head(new_thread_id, None, packs=src.packs, inline=src.inline,
+                        lineage=new_lineage())
+            return build(base, kept, cid, new), self.refs.missing(src, new)
 
         if self.refs.read(new_thread_id) is not None:
             raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
@@ -407,7 +446,7 @@ class CheckpointStore:
             kept = entries[: ids.index(cid) + 1]
             found["entry"] = kept[-1]
             new: dict[ObjectId, bytes] = {}
-            return build(thread_id, kept, cid, new), new
+            return build(ref.head, kept, cid, new), self.refs.missing(ref.head, new)
 
         self._known.pop(thread_id, None)
         self.refs.update(thread_id, change, expected_head=expected_head,
@@ -436,7 +475,7 @@ class CheckpointStore:
                 ids = {e.id for e in kept}
                 head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
             new: dict[ObjectId, bytes] = {}
-            return build(thread_id, kept, head_id, new), new
+            return build(ref.head, kept, head_id, new), self.refs.missing(ref.head, new)
 
         self._known.pop(thread_id, None)
         self.refs.update(thread_id, change, current=self._ref(thread_id))
@@ -494,8 +533,8 @@ class CheckpointStore:
     # --- sizes ---
 
     def storage_bytes(self) -> int:
-        """Bytes stored under the root (objects and refs)."""
-        return sum(i.size for i in self.backend.list("objects")) + sum(
+        """Bytes stored under the root (packs and refs)."""
+        return sum(i.size for i in self.backend.list("packs")) + sum(
             i.size for i in self.backend.list("refs"))
 
     def stats(self) -> StoreStats:
@@ -507,7 +546,7 @@ class CheckpointStore:
             ref = self.refs.read(thread)
             if ref is not None:
                 sizes.update((e.id, e.size) for e in self.refs.entries(ref.head))
-        objects = self.backend.list("objects")
+        objects = self.backend.list("packs")
         refs = self.backend.list("refs")
         physical = sum(i.size for i in objects) + sum(i.size for i in refs)
         logical = sum(sizes.values())

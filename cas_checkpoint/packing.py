@@ -1,0 +1,85 @@
+"""Where a thread's new objects go: inside its head while few, then into packs that are merged
+geometrically (an LSM tree of packs). Pure code: the caller reads and writes.
+
+* New objects (state nodes, checkpoint records, log segments) are added to the head's inline
+  objects. While those stay under ``INLINE_MAX`` bytes, a save writes nothing but the head.
+* Past that, they are flushed into one new level-0 pack, named by the head.
+* When the newest ``MERGE_FACTOR`` packs share a level, they are merged into one pack a level up
+  (the union of their objects: a merge never drops one), and so on up. When a head would name
+  more than ``MAX_PACKS`` packs, its newest ones are merged until it names ``MAX_PACKS``. So a
+  head names a bounded number of packs however long the thread grows, each object is rewritten
+  about log_4(thread bytes / INLINE_MAX) times, and loading a head in a new process reads the
+  head and then its packs in one parallel round.
+
+A merged pack replaces its parts in the head; the parts become garbage for ``gc`` unless another
+thread (a fork) still names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from .objects import Head, ObjectId, PackRef, encode_pack, object_id
+
+INLINE_MAX = 8 * 1024  # bytes of objects a head may hold before they go to a pack
+MERGE_FACTOR = 4
+MAX_PACKS = 12
+
+PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
+"""Reads packs (id -> their objects) for a merge."""
+
+
+def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int
+              ) -> tuple[PackRef, bytes]:
+    data = encode_pack({k: bytes(v) for k, v in objects.items()})
+    return PackRef(object_id(data), level, len(data), len(objects)), data
+
+
+def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
+          inline_max: int = INLINE_MAX) -> tuple[Head, dict[ObjectId, bytes]]:
+    """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes)."""
+    inline: dict[ObjectId, bytes] = {object_id(d): d for d in head.inline}
+    for oid, data in new.items():
+        inline.setdefault(oid, data)
+    if sum(len(d) for d in inline.values()) <= inline_max:
+        return _with(head, head.packs, tuple(inline.values())), {}
+    ref, data = make_pack(inline, 0)
+    written: dict[ObjectId, bytes] = {ref.id: data}
+    fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
+    packs = list(head.packs) + [ref]
+    while True:
+        top = packs[-MERGE_FACTOR:]
+        if len(top) == MERGE_FACTOR and len({p.level for p in top}) == 1:
+            group, level = top, top[0].level + 1
+        elif len(packs) > MAX_PACKS:
+            group = packs[MAX_PACKS - 1:]  # the newest ones, into one
+            level = max(p.level for p in group)
+        else:
+            break
+        parts = _read(group, fresh, read)
+        merged: dict[ObjectId, bytes | memoryview] = {}
+        for p in group:
+            for oid, obj in parts[p.id].items():
+                merged.setdefault(oid, obj)
+        ref, data = make_pack(merged, min(level, 63))
+        for p in group:
+            written.pop(p.id, None)  # merged before it was ever written
+        written[ref.id] = data
+        fresh[ref.id] = merged
+        packs = packs[: len(packs) - len(group)] + [ref]
+    return _with(head, tuple(packs), ()), written
+
+
+def _read(group: list[PackRef], fresh: Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]],
+          read: PackReader) -> dict[ObjectId, Mapping[ObjectId, bytes | memoryview]]:
+    out = {p.id: fresh[p.id] for p in group if p.id in fresh}
+    missing = [p.id for p in group if p.id not in out]
+    if missing:
+        got = read(missing)
+        out.update((k, got[k]) for k in missing)
+    return out
+
+
+def _with(head: Head, packs: tuple[PackRef, ...], inline: tuple[bytes, ...]) -> Head:
+    return Head(head.thread_id, head.head, head.head_step, head.peaks, head.tail, packs, inline,
+                head.lineage)
