@@ -315,14 +315,15 @@ class CheckpointStore:
         """Any checkpoint by id alone, whatever its thread (this looks through the threads'
         logs: ``load(thread_id, checkpoint_id)`` is faster when you know the thread)."""
         cid = _check_id(checkpoint_id)
-        for thread in self.threads():
-            ref = self.refs.read(thread)
-            if ref is None or ref.head.head is None:
-                continue
-            if any(e.id == cid for e in self.refs.iter_newest_first(ref.head)):
-                return self._load(self.objects.view(ref.head), cid, None)
-        raise NotFoundError(f"checkpoint {cid} does not exist in {self.url} (no thread's log "
-                            "holds it)")
+        heads = [r.head for r in map(self.refs.read, self.threads()) if r is not None]
+        for head in heads:
+            if head.head is not None and any(e.id == cid for e in self.refs.iter_newest_first(head)):
+                return self._load(self.objects.view(head), cid, None)
+        for head in heads:  # rewound or pruned out of every log: its objects stay until repacked
+            view = self.objects.view(head)
+            if cid in view.ids():
+                return self._load(view, cid, None)
+        raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
 
     def _load(self, view: View, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
         try:

@@ -3,6 +3,7 @@ container; checkpoint records are arrays that may hold a small root node inline.
 
 from __future__ import annotations
 
+import blake3
 import msgpack
 import pytest
 
@@ -73,12 +74,17 @@ def test_head_roundtrip_with_back_references() -> None:
     head = Head("t", tail[-1].id, 5, (Peak(ObjectId(cid(77)), 0, 16),), tail)
     data = head.encode()
     assert Head.decode(data) == head
-    assert [r[1] is None for r in msgpack.unpackb(data[5:])["e"]] == [False] + [True] * 4
+    assert [r[1] is None for r in msgpack.unpackb(data[37:])["e"]] == [False] + [True] * 4
     # a tail moved into a segment encodes on its own: nothing depends on the head
     assert Segment.decode(Segment(0, entries=tail[2:]).encode()).entries == tail[2:]
 
 
 def _with_first_entry_nil(data: bytes, key: str) -> bytes:
+    if data[3:4] == b"H":  # a head: header, checksum of the body, body
+        body = msgpack.unpackb(data[37:])
+        body[key][0][1] = None
+        packed = msgpack.packb(body, use_bin_type=True)
+        return data[:5] + blake3.blake3(packed).digest() + packed
     body = msgpack.unpackb(data[5:])
     body[key][0][1] = None
     return data[:5] + msgpack.packb(body, use_bin_type=True)
@@ -130,13 +136,13 @@ def test_inline_limits() -> None:
     with pytest.raises(ValueError):
         _record(encode_node(b"\x00" + b"x" * 30)).encode()
     with pytest.raises(ValueError):
-        _record(b"CASC\x02" + b"x" * 10).encode()  # not a node
+        _record(b"CASC\x03" + b"x" * 10).encode()  # not a node
     with pytest.raises(ValueError, match="hash"):
         _record(encode_node(b"\x00ab"), ObjectId(cid(1))).encode()
 
 
 def _raw_record(body: list[object]) -> bytes:
-    return b"CASC\x02" + msgpack.packb(body, use_bin_type=True)
+    return b"CASC\x03" + msgpack.packb(body, use_bin_type=True)
 
 
 GOOD = ["t", [], b"\x00\x00x", 0, 1.0, 3, None, [], {}]
@@ -153,7 +159,7 @@ GOOD = ["t", [], b"\x00\x00x", 0, 1.0, 3, None, [], {}]
     ({7: "tag"}, "tags"),
 ])
 def test_record_decode_is_strict(change: dict[int, object], words: str) -> None:
-    assert Record.decode(_raw_record(GOOD)).root_node == b"CASN\x02\x00\x00x"
+    assert Record.decode(_raw_record(GOOD)).root_node == b"CASN\x03\x00\x00x"
     body = list(GOOD)
     for i, v in change.items():
         body[i] = v
@@ -162,12 +168,12 @@ def test_record_decode_is_strict(change: dict[int, object], words: str) -> None:
     with pytest.raises(FormatError, match="9-item array"):
         Record.decode(_raw_record(GOOD[:8]))
     with pytest.raises(FormatError, match="9-item array"):
-        Record.decode(b"CASC\x02" + msgpack.packb(dict(zip("tprnczlgm", GOOD, strict=True))))
+        Record.decode(b"CASC\x03" + msgpack.packb(dict(zip("tprnczlgm", GOOD, strict=True))))
 
 
 def test_other_format_versions_are_refused_with_advice() -> None:
     good = Record("t", (), ObjectId("ab" * 32), 0, 1.0, 3).encode()
-    for version, advice in ((1, "older cas_checkpoint"), (3, "upgrade")):
+    for version, advice in ((2, "older cas_checkpoint"), (4, "upgrade")):
         with pytest.raises(FormatError, match=advice):
             Record.decode(good[:4] + bytes([version]) + good[5:])
     assert Record.decode(good).root == "ab" * 32

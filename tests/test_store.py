@@ -25,11 +25,16 @@ from cas_checkpoint.objects import NODE, RECORD, object_kind
 
 
 def objects_of(store: CheckpointStore, kind: bytes | None = None) -> list[str]:
-    keys = [i.key for i in store.backend.list("objects")]
-    if kind is None:
-        return keys
-    got = store.backend.get_many(keys)
-    return [k for k in keys if object_kind(got[k] or b"") == kind]
+    """Ids of the objects (inline or in packs) of every thread, of one kind or all."""
+    out: list[str] = []
+    for thread in store.threads():
+        ref = store.refs.read(thread)
+        assert ref is not None
+        view = store.objects.view(ref.head)
+        for oid in sorted(view.ids()):
+            if kind is None or object_kind(view.get(oid)) == kind:
+                out.append(oid)
+    return out
 
 
 def msgs(n: int) -> dict[str, Any]:
@@ -121,21 +126,37 @@ def test_history_newest_first_limit_before(store: CheckpointStore) -> None:
         store.history("h", before="0" * 64)
 
 
-def test_history_find_count_read_no_state_or_record(store: CheckpointStore) -> None:
+def test_history_find_count_read_no_state_or_record(store: CheckpointStore,
+                                                    monkeypatch: Any) -> None:
     for i in range(40):  # more than one log segment
         store.save("h", msgs(i), label="even" if i % 2 == 0 else None, tags=[f"t{i % 3}"],
                    metadata={"i": i})
-    # remove every record and state node: the refs alone must answer
+    # count and recent history come from the ref alone; the whole log reads the packs once
     other = CheckpointStore.open(store.url, storage_options=_options(store))
-    doomed = objects_of(other, NODE) + objects_of(other, RECORD)
-    other.backend.delete_many(doomed)
-    other.objects.forget(k.replace("objects/", "").replace("/", "") for k in doomed)
-    assert len(other.history("h")) == 40 and other.count("h") == 40
+    reads: list[list[str]] = []
+    real = other.backend.get_many
+
+    def get_many(keys: Any) -> Any:
+        keys = list(keys)
+        reads.append(keys)
+        return real(keys)
+
+    monkeypatch.setattr(other.backend, "get_many", get_many)
+    assert other.count("h") == 40 and len(other.history("h", limit=5)) == 5
+    assert reads == [] or all(k.startswith("refs/") for r in reads for k in r)
+    assert len(other.history("h")) == 40
     assert [c.metadata["i"] for c in other.find("h", label="even")] == list(range(38, -1, -2))
     assert len(other.find("h", tag="t1", metadata={"i": 4})) == 1
     assert other.find("h", tag="t1", metadata={"i": 5}) == []
+    pack_rounds = [r for r in reads if any(k.startswith("packs/") for k in r)]
+    assert len(pack_rounds) <= 1  # one round of pack reads, then the cache
+    # without any pack the ref still answers count and recent history; a load cannot
+    monkeypatch.undo()
+    third = CheckpointStore.open(store.url, storage_options=_options(store))
+    third.backend.delete_many([i.key for i in third.backend.list("packs")])
+    assert third.count("h") == 40 and len(third.history("h", limit=5)) == 5
     with pytest.raises(NotFoundError):
-        other.load("h")
+        third.load("h")
 
 
 def _options(store: CheckpointStore) -> dict[str, Any] | None:
@@ -238,13 +259,21 @@ def test_expected_head_conflict(store: CheckpointStore) -> None:
         store.rewind("c", c1.id, expected_head=c3.id)
 
 
-def test_identical_states_are_stored_once(store: CheckpointStore) -> None:
+def test_identical_states_are_stored_once_per_lineage(store: CheckpointStore) -> None:
+    """Within a thread and its forks a state is stored once; an unrelated thread stores its
+    own copy (its objects live in its own packs)."""
     state = msgs(50)
-    store.save("a", state)
+    first = store.save("a", state)
     n = len(objects_of(store, NODE))
+    assert n > 1
     store.save("a", state)
-    store.save("b", dict(state))
+    store.save("a", dict(state))
     assert len(objects_of(store, NODE)) == n
+    before = store.storage_bytes() - sum(i.size for i in store.backend.list("refs"))
+    store.fork("a", first.id, "b")
+    store.save("b", dict(state))
+    assert store.storage_bytes() - sum(i.size for i in store.backend.list("refs")) == before
+    assert len(set(objects_of(store, NODE))) == n
 
 
 WEIRD = ["../../etc/passwd", "a/b/c", "..", ".", " spaced id ", "ünïcødé ✓ 🧵", "UPPER",
@@ -264,7 +293,7 @@ def test_thread_ids_are_arbitrary_strings(store: CheckpointStore, tmp_path: Any)
                 assert os.path.realpath(os.path.join(folder, f)).startswith(root)
 
 
-@pytest.mark.parametrize("bad", ["", "x" * 129, 42, None])
+@pytest.mark.parametrize("bad", ["", "x" * (64 * 1024 + 1), "\udcff", 42, None])
 def test_bad_thread_ids(store: CheckpointStore, bad: Any) -> None:
     with pytest.raises(InvalidArgumentError):
         store.save(bad, {})
@@ -337,20 +366,21 @@ def test_store_from_fs_object(tmp_path: Any) -> None:
     assert CheckpointStore.open(tmp_path / "s").load("t").state == {"a": 1}
 
 
-def test_a_save_retrying_its_ref_for_long_rewrites_its_nodes(monkeypatch: pytest.MonkeyPatch,
-                                                              tmp_path: Any) -> None:
-    from cas_checkpoint import store as store_mod
+def test_a_save_that_loses_a_race_writes_its_pack_again(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Any) -> None:
+    """Every compare-and-swap attempt builds its record and packs again on the new head and
+    writes them before the ref, so a pack a long contended save names is never older than its
+    last attempt (a gc's grace counts from there); the lost attempt's pack is garbage."""
     from cas_checkpoint.backend import RefMismatch
 
     store = CheckpointStore.open(str(tmp_path / "s"))
-    store.save("t", msgs(200))
-    monkeypatch.setattr(store_mod, "REFRESH_AFTER", 0.0)
-    written: list[int] = []
+    store.save("t", msgs(10))
+    written: list[list[str]] = []
     real_put, real_ref = store.backend.put_many, store.backend.write_ref
     fails = [1]
 
     def put(items: dict[str, bytes]) -> None:
-        written.append(sum(1 for k in items if k.startswith("objects/")))
+        written.append(sorted(k for k in items if k.startswith("packs/")))
         real_put(items)
 
     def ref(key: str, data: bytes, expected: str | None) -> str:
@@ -361,11 +391,12 @@ def test_a_save_retrying_its_ref_for_long_rewrites_its_nodes(monkeypatch: pytest
 
     monkeypatch.setattr(store.backend, "put_many", put)
     monkeypatch.setattr(store.backend, "write_ref", ref)
-    state = msgs(201)
+    state = msgs(300)  # too big to stay inside the ref: one pack
     store.save("t", state)
-    nodes = len([1 for k, d in store.backend.get_many(
-        [i.key for i in store.backend.list("objects")]).items() if d and d[:4] == b"CASN"])
-    assert max(written) > 10 and nodes > 10  # the whole tree went out again on the retry
+    assert len(written) == 2 and all(len(w) == 1 for w in written)
+    ref = store.refs.read("t")
+    assert ref is not None and [p.id for p in ref.head.packs] == [
+        written[1][0].replace("packs/", "").replace("/", "")]
     assert store.load("t").state == state and store.count("t") == 2
 
 
@@ -378,8 +409,11 @@ def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
     states = [msgs(i) for i in range(1, 4)]
     ids = [store.save("t", s).id for s in states]
     assert objects_of(store, NODE) == []  # no state node objects at all
-    assert len(objects_of(store, RECORD)) == len(objects_of(store)) == 3
-    rec = Record.decode(store.objects.get(ids[-1]))
+    assert sorted(objects_of(store, RECORD)) == sorted(objects_of(store)) == sorted(ids)
+    assert store.backend.list("packs") == []  # they all live inside the ref
+    ref = store.refs.read("t")
+    assert ref is not None
+    rec = Record.decode(store.objects.view(ref.head).get(ids[-1]))
     assert rec.root_node is not None and rec.children() == ()
     fresh = CheckpointStore.open(store.url, storage_options=_options(store))
     for cid, state in zip(ids, states, strict=True):
@@ -387,28 +421,19 @@ def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
         assert fresh.get(cid).state == state
 
 
-def test_loading_an_inline_root_reads_only_the_nodes_under_it(store: CheckpointStore,
-                                                              monkeypatch: Any) -> None:
+def test_an_inline_root_is_no_object_of_its_own(store: CheckpointStore) -> None:
     from cas_checkpoint.objects import Record
 
     state = {"doc": "y" * 1500, "step": 1}  # the 1.5 KB doc is a node under a small root
     cid = store.save("t", state).id
-    rec = Record.decode(store.objects.get(cid))
+    ref = store.refs.read("t")
+    assert ref is not None
+    view = store.objects.view(ref.head)
+    rec = Record.decode(view.get(cid))
     assert rec.root_node is not None and len(rec.children()) == 1
-    assert len(objects_of(store, NODE)) == 1
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
-    asked: list[str] = []
-    real = fresh.objects.get_many
-
-    def get_many(oids: Any) -> dict[str, bytes]:
-        oids = list(oids)
-        asked.extend(oids)
-        return real(oids)
-
-    monkeypatch.setattr(fresh.objects, "get_many", get_many)
-    assert fresh.load("t").state == state
-    assert sorted(asked) == sorted([cid, *rec.children()])  # the record, then its node
-    assert rec.root not in asked
+    assert view.ids() == {cid, *rec.children()}  # the record and the node under its root
+    assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
+        "t").state == state
 
 
 @pytest.mark.parametrize("via_load", [False, True])

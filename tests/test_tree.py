@@ -168,53 +168,57 @@ def test_split_values_are_joined_by_spans_and_bad_spans_are_refused() -> None:
     assert tree.load(good, fetcher(b.objects)) == {"m": (1, 2)}
 
 
+def _thread_objects(store: CheckpointStore, thread: str) -> dict[str, bytes]:
+    ref = store.refs.read(thread)
+    assert ref is not None
+    view = store.objects.view(ref.head)
+    return {oid: view.get(oid) for oid in view.ids()}
+
+
 def test_store_saves_write_only_new_nodes_and_fork_shares_all(store: CheckpointStore) -> None:
     n = 300 if store.url.startswith("s3") else 1000
     state: dict[str, Any] = {"messages": [message(i) for i in range(n)], "step": 0}
     store.save("t", state)
-    nodes = lambda: {i.key for i in store.backend.list("objects")}  # noqa: E731
-    before = nodes()
+    before = _thread_objects(store, "t")
     state["messages"].append(message(n))
     state["step"] = 1
     c2 = store.save("t", state)
-    added = nodes() - before
-    got = store.backend.get_many(added)
-    node_bytes = sum(len(d) for d in got.values() if d and d[:4] == b"CASN")
-    assert node_bytes < 4 * 1024, node_bytes  # about one message, not a copy of them all
+    added = {k: v for k, v in _thread_objects(store, "t").items() if k not in before}
+    node_bytes = sum(len(d) for d in added.values() if d[:4] == b"CASN")
+    assert 0 < node_bytes < 4 * 1024, node_bytes  # about one message, not a copy of them all
     assert store.load("t").state == state
-    # a fork and another thread reaching the same state share every node
-    before = nodes()
+    # a fork shares every object: it writes no pack
+    packs = {i.key for i in store.backend.list("packs")}
     store.fork("t", c2.id, "fork")
-    store.save("other", {"messages": list(state["messages"]), "step": 1})
-    added = nodes() - before
-    got = store.backend.get_many(added)
-    assert not [k for k, d in got.items() if d and d[:4] == b"CASN"]
+    assert {i.key for i in store.backend.list("packs")} == packs
+    assert _thread_objects(store, "fork").keys() >= {c2.id}
     stats = store.stats()
-    assert stats.checkpoints == 3 and stats.logical_bytes > 2 * stats.physical_bytes
+    assert stats.checkpoints == 2 and stats.logical_bytes > 1.5 * stats.physical_bytes
     assert stats.dedup_ratio == stats.logical_bytes / stats.physical_bytes
 
 
-def test_load_reads_tree_level_by_level_in_batches(tmp_path: Any) -> None:
+def test_cold_load_reads_the_ref_then_its_packs_in_one_round(tmp_path: Any) -> None:
     store = CheckpointStore.open(str(tmp_path / "s"))
-    state = {"messages": [message(i) for i in range(2000)]}
-    store.save("t", state)
+    state: dict[str, Any] = {"messages": []}
+    for i in range(300):  # enough saves for several merged packs
+        state["messages"].append(message(i))
+        store.save("t", state)
+    ref = store.refs.read("t")
+    assert ref is not None and len(ref.head.packs) >= 2
     fresh = CheckpointStore.open(str(tmp_path / "s"))
-    calls: list[int] = []
+    calls: list[list[str]] = []
     real = fresh.objects.backend.get_many
 
     def counting(keys: Any) -> Any:
         keys = list(keys)
-        calls.append(len(keys))
+        calls.append(keys)
         return real(keys)
 
     fresh.objects.backend.get_many = counting  # type: ignore[method-assign]
     assert fresh.load("t").state == state
-    built = tree.build(state)
-    depth, level = 0, {built.root}
-    while level:  # the tree's depth: one batch per level, plus the head and the record
-        depth += 1
-        level = {c for oid in level for c in decode_node(built.objects[oid])[0]}
-    assert len(calls) <= depth + 2 and max(calls) > 100, (calls, depth)
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(
+        f"packs/{p.id[:2]}/{p.id[2:]}" for p in ref.head.packs)
+    assert fresh.load("t").state == state and len(calls) == 1  # warm: from the cache
 
 
 def test_leaf_children_are_decodable_nodes() -> None:
