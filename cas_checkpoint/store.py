@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -11,8 +13,8 @@ from typing import Any
 
 import msgpack
 
+from . import codec, tree
 from . import gc as gcmod
-from . import tree
 from .backend import Backend, backend_for, open_backend
 from .codec import TypeRegistry
 from .errors import (
@@ -43,25 +45,18 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 _UNSET: Any = ...
+STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
 class _Known:
-    """Objects this process saw in a head of one lineage (so a save may skip writing them):
-    those of a view it loaded, plus the ones it saved since."""
+    """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
+    them): those of a view it loaded, plus the ones it saved since."""
 
-    __slots__ = ("extra", "lineage", "view")
+    __slots__ = ("ids", "lineage")
 
-    def __init__(self, lineage: bytes, view: View | None = None) -> None:
-        self.lineage, self.view, self.extra = lineage, view, set[str]()
-
-    def __contains__(self, oid: object) -> bool:
-        if oid in self.extra:
-            return True
-        view = self.view
-        if view is None or not isinstance(oid, str):
-            return False
-        return oid in view.inline or any(oid in p.objects for p in view.packs)
+    def __init__(self, lineage: bytes, ids: set[str] | None = None) -> None:
+        self.lineage, self.ids = lineage, set() if ids is None else ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +171,11 @@ class CheckpointStore:
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
         self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
         self._have: dict[str, _Known] = {}  # objects known held by that thread's lineage
+        self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
+        self._memo_lock = threading.Lock()
+        # state root -> the state's whole encoding, for states this process saved or loaded
+        self._states: OrderedDict[str, bytes] = OrderedDict()
+        self._states_bytes = 0
 
     @property
     def url(self) -> str:
@@ -198,11 +198,15 @@ class CheckpointStore:
         label, tags_t, meta = _check_meta(label, tags, metadata)
         if expected_head is not _UNSET and expected_head is not None:
             expected_head = _check_id(expected_head, "expected_head")
-        built = tree.build(state, self.types)  # raises before anything is written
+        with self._memo_lock:
+            built = tree.build(state, self.types, self._memo)  # raises before writing anything
         # A small root node goes inside the record instead of into an object of its own.
         root_node = built.objects[built.root]
         inline = root_node if inlinable(root_node) else None
-        nodes = {k: v for k, v in built.objects.items() if inline is None or k != built.root}
+        nodes = built.objects
+        if inline is not None:
+            nodes = dict(nodes)
+            del nodes[built.root]
         current = self._known.get(thread_id, _UNSET)
         known = self._have.get(thread_id)
         saved: dict[str, Any] = {}
@@ -215,7 +219,7 @@ class CheckpointStore:
             # Objects a head of this lineage held are held by every later head of it: skip
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None
-            new = {k: v for k, v in nodes.items() if skip is None or k not in skip}
+            new = dict(nodes) if skip is None else {k: nodes[k] for k in nodes.keys() - skip.ids}
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
                             built.size, label, tags_t, meta, inline)
@@ -241,11 +245,12 @@ class CheckpointStore:
                                done=lambda r: "entry" in saved
                                and self.refs.holds(r.head, saved["entry"]))
         entry: LogEntry = saved["entry"]
+        self._remember_state(built.root, built.data)
         if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
             have = saved["skip"] or _Known(saved["lineage"])
-            have.extra.update(saved["new"])
-            have.extra.update(nodes)
+            have.ids.update(saved["new"])
+            have.ids.update(nodes)
             self._have[thread_id] = have
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
@@ -308,7 +313,7 @@ class CheckpointStore:
         cp = self._load(view, cid, thread_id)
         if cid == head.head:  # a save that follows this load need not write what it holds
             self._known[thread_id] = ref
-            self._have[thread_id] = _Known(head.lineage, view)
+            self._have[thread_id] = _Known(head.lineage, view.ids())
         return cp
 
     def get(self, checkpoint_id: CheckpointId) -> Checkpoint:
@@ -325,11 +330,29 @@ class CheckpointStore:
                 return self._load(view, cid, None)
         raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
 
+    def _remember_state(self, root: str, data: bytes) -> None:
+        """Keep a state's encoding by its root id (content-addressed: it cannot go stale), so a
+        later load of that state decodes it in one pass."""
+        if len(data) > STATE_CACHE_BYTES // 4:
+            return
+        with self._memo_lock:
+            if root not in self._states:
+                self._states_bytes += len(data)
+            self._states[root] = data
+            self._states.move_to_end(root)
+            while self._states_bytes > STATE_CACHE_BYTES:
+                self._states_bytes -= len(self._states.popitem(last=False)[1])
+
     def _load(self, view: View, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
+        with self._memo_lock:
+            cached = self._states.get(record.root)
+        if cached is not None:
+            return self._checkpoint(cid, thread_id, record,
+                                    codec.decode(cached, types=self.types))
         inline = record.root_node
 
         def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
@@ -343,6 +366,11 @@ class CheckpointStore:
 
         state = tree.load(record.root, fetch, self.types,
                           max_bytes=2 * record.size + (1 << 20))
+        return self._checkpoint(cid, thread_id, record, state)
+
+    @staticmethod
+    def _checkpoint(cid: CheckpointId, thread_id: str | None, record: Record,
+                    state: Any) -> Checkpoint:
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
                           record.label, record.tags, record.metadata, state)

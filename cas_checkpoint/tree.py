@@ -34,9 +34,11 @@ its children and joins them with a ``Span`` (one object and one id fewer per sav
 
 from __future__ import annotations
 
+import bisect
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -78,6 +80,7 @@ class Built:
     root: ObjectId
     objects: dict[ObjectId, bytes]  # every node of the tree, root included
     size: int  # encoded bytes of the whole state (as one blob)
+    data: bytes = b""  # the whole state's encoding (what the tree splits)
 
 
 def _header(n: int, small: int, b16: int, b32: int) -> bytes:
@@ -136,16 +139,76 @@ def text_cuts(data: bytes, utf8: bool) -> list[int]:
     return cuts
 
 
+@dataclass(slots=True)
+class _SeqMemo:
+    """A split list as last built: its items' bytes, where each item ends, and its leaves."""
+
+    body: bytes  # the encoded items, without the array header
+    ends: list[int]  # end offset in ``body`` of each item
+    groups: list[tuple[int, ObjectId, bool]]  # (items up to, leaf id, closed by a cut)
+    leaves: dict[ObjectId, bytes]
+    group_ends: list[int]  # end offset in ``body`` of each group
+
+
+@dataclass(slots=True)
+class Memo:
+    """What recent builds computed, keyed by content, so that a save does not hash again what
+    did not change (``build(..., memo=)``). Content keys make it correct for any state: a list is
+    reused only up to the first byte where its encoding differs from the one remembered.
+    Bounded: it keeps the last ``SEQS`` split lists and ``INDEX`` index nodes."""
+
+    SEQS = 64
+    INDEX = 1 << 16
+    seqs: OrderedDict[bytes, _SeqMemo] = field(default_factory=OrderedDict)
+    index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes]] = field(
+        default_factory=OrderedDict)
+    hits: int = 0  # list items reused without being hashed again
+
+    def remember_seq(self, key: bytes, memo: _SeqMemo) -> None:
+        self.seqs[key] = memo
+        self.seqs.move_to_end(key)
+        while len(self.seqs) > self.SEQS:
+            self.seqs.popitem(last=False)
+
+
+def _common_prefix(a: bytes | memoryview, b: bytes | memoryview) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (memcmp in 4 KB blocks)."""
+    n, step, pos = min(len(a), len(b)), 4096, 0
+    while pos < n and a[pos:pos + step] == b[pos:pos + step]:
+        pos += step
+    if pos >= n:
+        return n
+    lo, hi = pos, min(n, pos + step)  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo if a[lo:lo + 1] != b[lo:lo + 1] else hi
+
+
 class _Builder:
-    def __init__(self, types: codec.TypeRegistry | None) -> None:
+    def __init__(self, types: codec.TypeRegistry | None, memo: Memo | None = None) -> None:
         self.types = types
+        self.memo = memo
         self.objects: dict[ObjectId, bytes] = {}
 
     def node(self, shape: int, body: bytes, children: list[ObjectId] | tuple[ObjectId, ...] = ()
              ) -> ObjectId:
+        key = (shape, tuple(children)) if not body and self.memo is not None else None
+        if key is not None and self.memo is not None:
+            got = self.memo.index.get(key)
+            if got is not None:
+                self.objects[got[0]] = got[1]
+                return got[0]
         data = encode_node(bytes([shape]) + body, tuple(children))
         oid = object_id(data)
         self.objects[oid] = data
+        if key is not None and self.memo is not None:
+            self.memo.index[key] = (oid, data)
+            if len(self.memo.index) > self.memo.INDEX:
+                self.memo.index.popitem(last=False)
         return oid
 
     def subtree(self, value: Any, data: bytes) -> ObjectId | _Inline:
@@ -163,6 +226,10 @@ class _Builder:
         return self.node(VALUE, data)
 
     def sequence(self, value: list[Any], data: bytes, shape: int) -> _Inline:
+        if self.memo is not None and len(value) < LONG_LIST:
+            got = self._sequence_memo(value, data, shape)
+            if got is not None:
+                return got
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
         unpacker.feed(data)
         if unpacker.read_array_header() != len(value):
@@ -188,6 +255,65 @@ class _Builder:
         else:
             leaves += self._leaves(last, _array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
+
+    def _sequence_memo(self, value: list[Any], data: bytes, shape: int) -> _Inline | None:
+        """``sequence`` for a list of small items, reusing the leaves of the remembered list
+        whose encoding starts the same way (an append re-hashes only the new tail)."""
+        memo = self.memo
+        assert memo is not None
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
+        unpacker.feed(data)
+        if unpacker.read_array_header() != len(value):
+            raise AssertionError("codec and msgpack disagree on a list's length")
+        hdr = unpacker.tell()
+        body = data[hdr:]
+        key = bytes([shape]) + body[:64]
+        old = memo.seqs.get(key)
+        groups: list[tuple[int, ObjectId, bool]] = []
+        ends: list[int] = []
+        leaves: dict[ObjectId, bytes] = {}
+        start = 0
+        if old is not None:
+            same = _common_prefix(body, old.body)
+            # every group but perhaps the last was closed by a cut: keep those within the
+            # common prefix
+            k = bisect.bisect_right(old.group_ends, same)
+            if k and not old.groups[k - 1][2]:
+                k -= 1
+            groups = old.groups[:k]
+            leaves = {g[1]: old.leaves[g[1]] for g in groups}
+            start = groups[-1][0] if groups else 0
+            ends = old.ends[:start]
+            memo.hits += start
+        offset = ends[-1] if ends else 0
+        rest = value[start:]
+        if any(type(v) in (list, tuple, dict, str, bytes) and _big_enough(v) for v in rest):
+            return None  # a big item gets a subtree of its own: the plain path does that
+        items: list[_Item] = []
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) + 1)
+        unpacker.feed(body[offset:])
+        pos = 0
+        for _ in rest:
+            unpacker.skip()
+            end = unpacker.tell()
+            raw = bytes(body[offset + pos:offset + end])
+            if len(raw) > BIG_ITEM:
+                return None
+            items.append((b"", raw, None))
+            pos = end
+            ends.append(offset + end)
+        upto = start
+        for group in self._groups(items, LEAF_TARGET):
+            upto += len(group)
+            leaf = self._leaf(group, _array_header)
+            leaves[leaf] = self.objects[leaf]
+            closed = self._cuts(group[-1], LEAF_TARGET) or len(group) >= LEAF_MAX_ITEMS
+            groups.append((upto, leaf, closed))
+        for leaf, leaf_data in leaves.items():
+            self.objects[leaf] = leaf_data
+        memo.remember_seq(key, _SeqMemo(body, ends, groups, leaves,
+                                        [ends[g[0] - 1] for g in groups]))
+        return self._index([g[1] for g in groups], shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId | _Inline:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
@@ -306,17 +432,27 @@ class _Builder:
 _Item = tuple[bytes, bytes, ObjectId | _Inline | None]  # (dict key or b"", value, subtree)
 
 
+def _big_enough(value: Any) -> bool:
+    """Whether an item could encode to more than BIG_ITEM bytes (a cheap, safe over-guess for
+    str/bytes; containers are measured when they are encoded)."""
+    if type(value) in (str, bytes):
+        return len(value) > BIG_ITEM // 4
+    return False
+
+
 def _closes(child: ObjectId, depth: int) -> bool:
     return zlib.crc32(bytes.fromhex(child), depth) & 1 == 0
 
 
-def build(value: Any, types: codec.TypeRegistry | None = None) -> Built:
-    """Encode a state into nodes (SerializationError before anything is written)."""
+def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None = None
+          ) -> Built:
+    """Encode a state into nodes (SerializationError before anything is written). With a
+    ``memo``, what an earlier build of the same content hashed is reused, not hashed again."""
     data = codec.encode(value, types=types)
-    builder = _Builder(types)
+    builder = _Builder(types, memo)
     top = builder.subtree(value, data)
     root = top if isinstance(top, str) else builder.node(top.shape, b"", top.children)
-    return Built(root, builder.objects, len(data))
+    return Built(root, builder.objects, len(data), data)
 
 
 def load(root: ObjectId, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],

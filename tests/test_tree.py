@@ -227,3 +227,31 @@ def test_leaf_children_are_decodable_nodes() -> None:
         children, payload = decode_node(data)
         assert payload[0] in (tree.VALUE, tree.LIST, tree.TUPLE, tree.DICT, tree.STR, tree.BYTES)
         assert all(c in built.objects for c in children), oid
+
+
+def test_a_memo_never_changes_what_is_built() -> None:
+    """Builds that reuse a memo give exactly the nodes of a build from scratch, through appends,
+    pops, edits in the middle and at the start, and unrelated lists sharing the memo."""
+    import random
+
+    rng = random.Random(7)
+    memo = tree.Memo()
+    items = [message(i) for i in range(400)]
+    other = [message(i) for i in range(50)]
+    for step in range(60):
+        op = rng.randrange(5)
+        if op == 0:
+            items.append(message(1000 + step))
+        elif op == 1 and items:
+            items.pop()
+        elif op == 2:
+            items[rng.randrange(len(items))] = message(2000 + step)
+        elif op == 3:
+            items.insert(0, {"role": "system", "content": "x" * rng.randrange(10, 900)})
+        else:
+            other.append(step)
+        for state in ({"messages": items, "step": step}, {"messages": other}, list(items)):
+            got, want = tree.build(state, memo=memo), tree.build(state)
+            assert got.root == want.root and got.objects == want.objects, (step, op)
+            assert tree.load(got.root, lambda ids: {i: got.objects[i] for i in ids}) == state
+    assert memo.hits > 10_000  # the memo was used, not bypassed
