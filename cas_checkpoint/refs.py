@@ -160,9 +160,9 @@ class RefStore:
             if is_hashed_key(info.key):  # a long id: its head holds it
                 got = self.backend.read_ref(info.key)
                 if got is not None:
-                    thread = Head.decode(got[0], info.key).thread_id
-                    if info.key == thread_key(thread):
-                        out.append(thread)
+                    long_id = Head.decode(got[0], info.key).thread_id
+                    if info.key == thread_key(long_id):
+                        out.append(long_id)
                 continue
             thread = thread_from_key(info.key)
             if thread is not None and info.key == thread_key(thread):

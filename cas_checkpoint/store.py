@@ -35,7 +35,7 @@ from .objects import (
     is_object_id,
     object_id,
 )
-from .objstore import ObjectStore, View, pack_key
+from .objstore import ObjectStore, View
 from .refs import Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
 from .verify import Progress, VerifyReport
@@ -322,7 +322,8 @@ class CheckpointStore:
         cid = _check_id(checkpoint_id)
         heads = [r.head for r in map(self.refs.read, self.threads()) if r is not None]
         for head in heads:
-            if head.head is not None and any(e.id == cid for e in self.refs.iter_newest_first(head)):
+            if head.head is not None and any(
+                    e.id == cid for e in self.refs.iter_newest_first(head)):
                 return self._load(self.objects.view(head), cid, None)
         for head in heads:  # rewound or pruned out of every log: its objects stay until repacked
             view = self.objects.view(head)

@@ -253,5 +253,6 @@ def test_a_memo_never_changes_what_is_built() -> None:
         for state in ({"messages": items, "step": step}, {"messages": other}, list(items)):
             got, want = tree.build(state, memo=memo), tree.build(state)
             assert got.root == want.root and got.objects == want.objects, (step, op)
-            assert tree.load(got.root, lambda ids: {i: got.objects[i] for i in ids}) == state
+            objs = got.objects
+            assert tree.load(got.root, lambda ids, o=objs: {i: o[i] for i in ids}) == state
     assert memo.hits > 10_000  # the memo was used, not bypassed
