@@ -480,15 +480,13 @@ def _count(v: object) -> bool:
 
 def encode_pack(objects: dict[ObjectId, bytes]) -> bytes:
     """One pack holding ``objects`` (id -> bytes), in the order given."""
-    out = bytearray(_HEADERS[PACK])
-    out.append(0)  # flags: 0 = plain (room for compression and encryption)
-    out += varint(len(objects))
+    index = bytearray(_HEADERS[PACK])
+    index.append(0)  # flags: 0 = plain (room for compression and encryption)
+    index += varint(len(objects))
     for oid, data in objects.items():
-        out += _bin_id(oid)
-        out += varint(len(data))
-    for data in objects.values():
-        out += data
-    return bytes(out)
+        index += _bin_id(oid)
+        index += varint(len(data))
+    return b"".join([index, *objects.values()])
 
 
 def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:

@@ -62,9 +62,10 @@ class Pack:
         return data
 
 
-def parse_pack(pid: str, data: bytes) -> Pack:
-    """A pack from its stored bytes: hashed against its name, then its index decoded."""
-    actual = object_id(data)
+def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:
+    """A pack from its stored bytes: hashed against its name (unless this process just built
+    it: ``trusted``), then its index decoded."""
+    actual = pid if trusted else object_id(data)
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
     try:
@@ -84,6 +85,7 @@ class View:
         self.inline: dict[str, bytes] = {}
         for data in head.inline:
             self.inline[object_id(data)] = data  # named by their hash: nothing to check
+        self._ids: frozenset[str] | None = None
 
     def get(self, oid: str) -> bytes:
         data = self.inline.get(oid)
@@ -103,10 +105,16 @@ class View:
         return {oid: self.get(oid) for oid in dict.fromkeys(oids)}
 
     def ids(self) -> set[str]:
-        out = set(self.inline)
-        for pack in self.packs:
-            out.update(pack.objects)
-        return out
+        """The ids of every object the head holds (a new set each call)."""
+        return set(self.frozen_ids())
+
+    def frozen_ids(self) -> frozenset[str]:
+        if self._ids is None:
+            ids = set(self.inline)
+            for pack in self.packs:
+                ids.update(pack.objects)
+            self._ids = frozenset(ids)
+        return self._ids
 
 
 class ObjectStore:
@@ -122,6 +130,7 @@ class ObjectStore:
         self.cache_dir = cache_dir
         self.hits = 0
         self.misses = 0
+        self._views: OrderedDict[int, View] = OrderedDict()  # by head object (identity)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
 
@@ -190,7 +199,7 @@ class ObjectStore:
             return
         self.backend.put_many({pack_key(k): v for k, v in packs.items()})
         for pid, data in packs.items():
-            self._remember(parse_pack(pid, data))
+            self._remember(parse_pack(pid, data, trusted=True))
 
     def packs(self, pids: Iterable[str]) -> dict[str, Pack]:
         """Packs by id, verified; the ones not cached are read in one parallel round."""
@@ -226,5 +235,14 @@ class ObjectStore:
 
     def view(self, head: Head) -> View:
         """Reads of the objects ``head`` holds (its packs are fetched now, in one round)."""
+        with self._lock:
+            last = self._views.get(id(head))
+        if last is not None and last.head is head:
+            return last
         got = self.packs([p.id for p in head.packs]) if head.packs else {}
-        return View(head, [got[p.id] for p in head.packs], self)
+        view = View(head, [got[p.id] for p in head.packs], self)
+        with self._lock:
+            self._views[id(head)] = view
+            while len(self._views) > 64:
+                self._views.popitem(last=False)
+        return view

@@ -140,13 +140,21 @@ class RefStore:
         self.backend = backend
         self.objects = objects
         self.inline_max = inline_max
+        self._decoded: dict[str, tuple[bytes, Head]] = {}  # per ref key: last bytes and head
 
     def read(self, thread_id: str) -> Ref | None:
         key = thread_key(thread_id)
         got = self.backend.read_ref(key)
         if got is None:
             return None
-        head = Head.decode(got[0], key)
+        last = self._decoded.get(key)
+        if last is not None and last[0] == got[0]:  # the same bytes: the same (checked) head
+            head = last[1]
+        else:
+            head = Head.decode(got[0], key)
+            if len(self._decoded) > 1024:
+                self._decoded.clear()
+            self._decoded[key] = (got[0], head)
         if head.thread_id != thread_id:
             raise FormatError(
                 f"ref {key} belongs to thread {head.thread_id!r}, not {thread_id!r}: the ref "

@@ -53,10 +53,13 @@ class _Known:
     """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
     them): those of a view it loaded, plus the ones it saved since."""
 
-    __slots__ = ("ids", "lineage")
+    __slots__ = ("base", "ids", "lineage")
 
-    def __init__(self, lineage: bytes, ids: set[str] | None = None) -> None:
-        self.lineage, self.ids = lineage, set() if ids is None else ids
+    def __init__(self, lineage: bytes, base: frozenset[str] = frozenset()) -> None:
+        self.lineage, self.base, self.ids = lineage, base, set[str]()
+
+    def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
+        return {k: nodes[k] for k in nodes.keys() - self.base - self.ids}
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +222,7 @@ class CheckpointStore:
             # Objects a head of this lineage held are held by every later head of it: skip
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None
-            new = dict(nodes) if skip is None else {k: nodes[k] for k in nodes.keys() - skip.ids}
+            new = dict(nodes) if skip is None else skip.missing(nodes)
             parents = (head.head,) if head.head else ()
             record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
                             built.size, label, tags_t, meta, inline)
@@ -313,7 +316,7 @@ class CheckpointStore:
         cp = self._load(view, cid, thread_id)
         if cid == head.head:  # a save that follows this load need not write what it holds
             self._known[thread_id] = ref
-            self._have[thread_id] = _Known(head.lineage, view.ids())
+            self._have[thread_id] = _Known(head.lineage, view.frozen_ids())
         return cp
 
     def get(self, checkpoint_id: CheckpointId) -> Checkpoint:

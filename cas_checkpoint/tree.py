@@ -23,7 +23,7 @@ new key share every node but a few:
 * a dict with many keys is cut over its (key, value) pairs in order; a dict value bigger than
   ``SPLIT_MIN`` becomes its own subtree (so ``{"messages": [...], "step": 3}`` keeps the list
   shared when only ``step`` changes);
-* a long str/bytes is cut with a gear rolling hash (FastCDC style) at UTF-8 character starts.
+* a long str/bytes is cut by FastCDC (the ``fastcdc`` package) at UTF-8 character starts.
 
 Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
 stand for child ``i`` and whose ``Span(shape, i, n)`` for children ``i .. i+n-1`` joined), or a
@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import fastcdc
 import msgpack
 
 from . import codec
@@ -99,43 +100,21 @@ def _map_header(n: int) -> bytes:
     return _header(n, 0x80, 0xDE, 0xDF)
 
 
-def _gear_table() -> list[int]:
-    out, x = [], 0x9E3779B97F4A7C15
-    for _ in range(256):  # splitmix64: a fixed pseudo-random table
-        x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-        z = x
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        out.append(z ^ (z >> 31))
-    return out
-
-
-_GEAR = _gear_table()
-
-
 def text_cuts(data: bytes, utf8: bool) -> list[int]:
-    """End offsets of content-defined chunks of ``data`` (gear hash, FastCDC style)."""
-    mask = (1 << TEXT_AVG_BITS) - 1
-    cuts, start, h, n = [], 0, 0, len(data)
-    i = start + TEXT_MIN
-    while start < n:
-        if n - start <= TEXT_MIN:
-            cuts.append(n)
-            break
-        h, i, end = 0, start, min(n, start + TEXT_MAX)
-        cut = end
-        gear = _GEAR
-        while i < end:
-            h = ((h << 1) + gear[data[i]]) & 0xFFFFFFFFFFFFFFFF
-            i += 1
-            if i - start >= TEXT_MIN and not (h >> 40) & mask:
-                cut = i
-                break
+    """End offsets of content-defined chunks of ``data`` (FastCDC, by the ``fastcdc`` package's
+    compiled chunker: ~2 GB/s), each moved forward to a UTF-8 character start for text."""
+    if len(data) <= TEXT_MIN:
+        return [len(data)] if data else []
+    cuts: list[int] = []
+    for chunk in fastcdc.fastcdc(data, TEXT_MIN, 1 << TEXT_AVG_BITS, TEXT_MAX):
+        cut = chunk.offset + chunk.length
         if utf8:
-            while cut < n and (data[cut] & 0xC0) == 0x80:
+            while cut < len(data) and (data[cut] & 0xC0) == 0x80:
                 cut += 1
-        cuts.append(cut)
-        start = cut
+        if not cuts or cut > cuts[-1]:
+            cuts.append(cut)
+    if cuts[-1] != len(data):
+        cuts.append(len(data))
     return cuts
 
 
