@@ -175,9 +175,12 @@ class ObjectStore:
         except OSError:
             return None
         try:
-            return parse_pack(pid, data)  # re-hashed: a damaged cache file is just a miss
+            pack = parse_pack(pid, data)  # re-hashed: a damaged cache file is just a miss
         except (IntegrityError, FormatError):
             return None
+        with self._lock:
+            self.hits += 1
+        return pack
 
     def _to_disk(self, pid: str, data: bytes) -> None:
         if self.cache_dir is None:

@@ -23,6 +23,7 @@ from .errors import (
     InvalidArgumentError,
     NotFoundError,
     SerializationError,
+    StorageError,
 )
 from .objects import (
     MAX_META_BYTES,
@@ -45,6 +46,7 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 _UNSET: Any = ...
+CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
 STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
@@ -133,9 +135,11 @@ class StoreStats:
     threads: int
     checkpoints: int  # distinct checkpoints over all threads
     logical_bytes: int  # sum of their encoded state sizes
-    physical_bytes: int  # bytes stored: objects and refs
-    objects: int
+    physical_bytes: int  # bytes stored: packs and refs
+    objects: int  # packs stored (each holds many objects)
     dedup_ratio: float  # logical / physical
+    cache_hits: int = 0  # packs this store object found in its caches (memory, cache_dir)
+    cache_misses: int = 0  # packs it had to read from storage
 
 
 class CheckpointStore:
@@ -146,30 +150,43 @@ class CheckpointStore:
     """
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
-                 allow_unsafe: bool = False, keep_last: int | None = None) -> None:
-        self._init(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last)
+                 allow_unsafe: bool = False, keep_last: int | None = None,
+                 cache_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+        self._init(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last,
+                   cache_dir, cache_bytes)
 
     @classmethod
     def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
              types: Iterable[type] = (), allow_unsafe: bool = False,
-             keep_last: int | None = None) -> CheckpointStore:
+             keep_last: int | None = None, cache_dir: str | Any | None = None,
+             cache_bytes: int = CACHE_BYTES) -> CheckpointStore:
         """Open (creating if needed) the store at ``url``. ``types`` lists the dataclasses,
         pydantic models and enums that states may hold; nothing else is ever constructed.
         ``keep_last=N`` prunes each thread as it is saved to, keeping its last N checkpoints
-        (and labelled/tagged ones); off by default, so no history is dropped unasked."""
+        (and labelled/tagged ones); off by default, so no history is dropped unasked.
+        Packs read are kept in memory (``cache_bytes``, LRU) and, with ``cache_dir``, in that
+        local folder too (for S3 stores: a new process then reads its packs from disk). Packs
+        are immutable and re-hashed when read back, so neither cache can go stale."""
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         store._init(open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe),
-                    types, keep_last)
+                    types, keep_last, cache_dir, cache_bytes)
         return store
 
-    def _init(self, backend: Backend, types: Iterable[type],
-              keep_last: int | None = None) -> None:
+    def _init(self, backend: Backend, types: Iterable[type], keep_last: int | None = None,
+              cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES) -> None:
         if keep_last is not None:
             gcmod.check_policy(keep_last, None)
+        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
+            raise InvalidArgumentError(f"cache_bytes must be a non-negative int, not "
+                                       f"{cache_bytes!r}")
         self.keep_last = keep_last
         self.backend = backend
-        self.objects = ObjectStore(backend)
+        folder = None if cache_dir is None else str(cache_dir)
+        try:
+            self.objects = ObjectStore(backend, cache_bytes, folder)
+        except OSError as exc:
+            raise StorageError(f"cannot use cache_dir {folder!r}: {exc}") from exc
         self.refs = RefStore(backend, self.objects)
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
         self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
@@ -584,4 +601,5 @@ class CheckpointStore:
         physical = sum(i.size for i in objects) + sum(i.size for i in refs)
         logical = sum(sizes.values())
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
-                          logical / physical if physical else 0.0)
+                          logical / physical if physical else 0.0, self.objects.hits,
+                          self.objects.misses)

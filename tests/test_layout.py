@@ -1,0 +1,188 @@
+"""Storage layout v3: objects inline in the head while few, then in packs merged geometrically;
+caches; old stores refused by version."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import CheckpointStore, FormatError, packing
+from cas_checkpoint.objects import Head, ObjectId, PackRef, decode_pack, encode_pack, object_id
+from cas_checkpoint.refs import thread_key
+
+
+def _msg(i: int) -> dict[str, Any]:
+    rng = random.Random(i)
+    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
+            "id": i}
+
+
+def _options(store: CheckpointStore) -> dict[str, Any] | None:
+    fs = getattr(store.backend, "fs", None)
+    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
+
+
+# --- packing.stage, pure ----------------------------------------------------------------------
+
+
+def _objs(n: int, size: int, seed: int) -> dict[ObjectId, bytes]:
+    out = {}
+    for i in range(n):
+        data = b"CASN\x03\x00" + bytes([seed % 256, i % 256]) * (size // 2)
+        out[object_id(data)] = data
+    return out
+
+
+def test_stage_keeps_few_objects_inline_then_flushes_one_pack() -> None:
+    head = Head("t", None)
+    small = _objs(3, 100, 1)
+    staged, packs = packing.stage(head, small, lambda ids: {}, inline_max=1000)
+    assert packs == {} and len(staged.inline) == 3 and staged.packs == ()
+    more = _objs(10, 100, 2)
+    staged, packs = packing.stage(staged, more, lambda ids: {}, inline_max=1000)
+    assert staged.inline == () and len(staged.packs) == 1 and list(packs) == [staged.packs[0].id]
+    inside = decode_pack(packs[staged.packs[0].id])
+    assert set(inside) == set(small) | set(more)  # every object went into the pack
+    assert all(object_id(bytes(v)) == k for k, v in inside.items())
+
+
+def test_stage_merges_four_packs_of_a_level_and_caps_the_count() -> None:
+    store: dict[ObjectId, bytes] = {}
+
+    def read(ids: list[ObjectId]) -> dict[ObjectId, dict[ObjectId, memoryview]]:
+        return {i: decode_pack(store[i]) for i in ids}
+
+    head = Head("t", None)
+    every: set[str] = set()
+    for n in range(200):
+        new = _objs(4, 300, n)
+        every |= set(new)
+        head, packs = packing.stage(head, new, read, inline_max=1000)
+        store.update(packs)
+        assert len(head.packs) <= packing.MAX_PACKS
+        levels = [p.level for p in head.packs]
+        # no run of MERGE_FACTOR packs of one level is left at the end
+        assert not (len(levels) >= 4 and len(set(levels[-4:])) == 1)
+    held = set(object_id(d) for d in head.inline)
+    for p in head.packs:
+        held |= set(decode_pack(store[p.id]))
+    assert held == every  # merges never drop an object
+    assert max(p.level for p in head.packs) >= 2
+
+
+def test_stage_reads_a_pack_only_when_it_merges_it() -> None:
+    asked: list[list[ObjectId]] = []
+    data = encode_pack(_objs(2, 50, 9))
+    old = PackRef(object_id(data), 0, len(data), 2)
+    head = Head("t", None, packs=(old, old, old))  # three level-0 packs, then one more flush
+
+    def read(ids: list[ObjectId]) -> dict[ObjectId, dict[ObjectId, memoryview]]:
+        asked.append(ids)
+        return {i: decode_pack(data) for i in ids}
+
+    packing.stage(head, _objs(2, 50, 1), read, inline_max=10_000)
+    assert asked == []  # stays inline: nothing read
+    staged, packs = packing.stage(head, _objs(30, 500, 2), read, inline_max=1000)
+    assert asked == [[old.id, old.id, old.id]] or sorted(asked[0]) == [old.id] * 3
+    assert len(staged.packs) == 1 and staged.packs[0].level == 1 and len(packs) == 1
+
+
+# --- through the store ---------------------------------------------------------------------------
+
+
+def test_steady_saves_write_the_ref_and_now_and_then_one_pack(store: CheckpointStore,
+                                                              monkeypatch: Any) -> None:
+    state: dict[str, Any] = {"messages": [_msg(i) for i in range(50)]}
+    store.save("t", state)
+    writes: list[list[str]] = []
+    real = store.backend.put_many
+
+    def put(items: dict[str, bytes]) -> None:
+        writes.append(sorted(items))
+        real(items)
+
+    monkeypatch.setattr(store.backend, "put_many", put)
+    n = 60 if not store.url.startswith("s3") else 25
+    for i in range(n):
+        state["messages"].append(_msg(100 + i))
+        store.save("t", state)
+    assert all(len(w) <= 1 for w in writes)  # at most one pack a save (merges included)
+    # a save adds ~600 bytes (a message, its record, index nodes): a pack every few saves
+    assert 0 < len(writes) <= n // 4, (len(writes), n)
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    assert fresh.load("t").state == state
+
+
+def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.refs.inline_max = 600  # flush nearly every save: many packs, many merges
+    state: dict[str, Any] = {"messages": []}
+    ids = []
+    for i in range(400):
+        state["messages"].append(_msg(i))
+        ids.append(store.save("t", state).id)
+    ref = store.refs.read("t")
+    assert ref is not None and 1 < len(ref.head.packs) <= packing.MAX_PACKS
+    fresh = CheckpointStore.open(str(tmp_path / "s"))
+    for k in (0, 1, 199, 398, 399):  # old checkpoints stay loadable through every merge
+        assert fresh.load("t", ids[k]).state == {"messages": state["messages"][:k + 1]}
+
+
+def test_cache_dir_serves_packs_to_a_new_store(store: CheckpointStore, tmp_path: Any,
+                                               monkeypatch: Any) -> None:
+    state: dict[str, Any] = {"messages": [_msg(i) for i in range(120)]}
+    store.save("t", state)
+    opts = _options(store)
+    cache = tmp_path / "cache"
+    first = CheckpointStore.open(store.url, storage_options=opts, cache_dir=cache)
+    assert first.load("t").state == state
+    assert first.stats().cache_misses >= 1
+    second = CheckpointStore.open(store.url, storage_options=opts, cache_dir=cache)
+    asked: list[str] = []
+    real = second.backend.get_many
+
+    def get_many(keys: Any) -> Any:
+        keys = list(keys)
+        asked.extend(keys)
+        return real(keys)
+
+    monkeypatch.setattr(second.backend, "get_many", get_many)
+    assert second.load("t").state == state
+    assert [k for k in asked if k.startswith("packs/")] == []  # every pack from the cache dir
+    assert second.stats().cache_misses == 0 and second.stats().cache_hits >= 1
+    # a damaged cache file is re-hashed, found wrong, and read from storage instead
+    for name in os.listdir(cache):
+        with open(cache / name, "r+b") as f:
+            f.seek(40)
+            byte = f.read(1)
+            f.seek(40)
+            f.write(bytes([byte[0] ^ 1]))
+    third = CheckpointStore.open(store.url, storage_options=opts, cache_dir=cache)
+    assert third.load("t").state == state and third.stats().cache_misses >= 1
+
+
+def test_a_store_of_format_2_is_refused_naming_its_version(store: CheckpointStore) -> None:
+    store.save("t", {"a": 1})
+    key = thread_key("t")
+    got = store.backend.read_ref(key)
+    assert got is not None
+    old = got[0][:4] + b"\x02" + got[0][5:]  # what cas_checkpoint 0.1 (format 2) wrote
+    store.backend.write_ref(key, old, got[1])
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    with pytest.raises(FormatError, match="format version 2.*older cas_checkpoint"):
+        fresh.load("t")
+
+
+def test_thread_ids_of_any_length_have_bounded_keys(store: CheckpointStore) -> None:
+    long_id = "|".join(f"node{i}:task-{i:04d}-ü" for i in range(300))  # > 4 KB of UTF-8
+    assert len(long_id.encode()) > 4096
+    key = thread_key(long_id)
+    assert key.startswith("refs/heads/h-") and len(key) < 100
+    store.save(long_id, {"a": 1})
+    store.save("short", {"b": 2})
+    assert store.threads() == sorted([long_id, "short"])
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    assert fresh.load(long_id).state == {"a": 1}
