@@ -21,6 +21,7 @@ from .errors import (
 )
 from .gc import GCReport, PruneReport
 from .objects import CheckpointId, ObjectId
+from .repack import RepackReport
 from .store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
 from .verify import Problem, VerifyReport
 
@@ -39,6 +40,7 @@ __all__ = [
     "ObjectId",
     "Problem",
     "PruneReport",
+    "RepackReport",
     "SerializationError",
     "StorageError",
     "StoreStats",
@@ -46,4 +48,4 @@ __all__ = [
     "UnsafeStorageError",
     "VerifyReport",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,6 +15,7 @@ import msgpack
 
 from . import codec, tree
 from . import gc as gcmod
+from . import repack as repackmod
 from .backend import Backend, backend_for, open_backend
 from .codec import TypeRegistry
 from .errors import (
@@ -39,6 +40,7 @@ from .objects import (
 from .objstore import ObjectStore, View
 from .refs import Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
+from .repack import RepackReport
 from .verify import Progress, VerifyReport
 from .verify import verify as _verify
 
@@ -566,6 +568,24 @@ class CheckpointStore:
             self._known.pop(t, None)
         if report.removed:
             log.info("prune %s", report.to_text().replace("\n", "; "))
+        return report
+
+    def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
+               dry_run: bool = False) -> RepackReport:
+        """Rewrite the packs of each thread (every thread when ``thread_id`` is None) in which at
+        least ``min_garbage`` of the bytes belong to no checkpoint of its log (after prune,
+        rewind or delete), keeping only what its checkpoints reach. The old packs become
+        garbage: ``gc()`` deletes them once they are older than its grace. Safe while others
+        save (compare-and-swap)."""
+        threads = self.threads() if thread_id is None else [thread_id]
+        if thread_id is not None:
+            self._ref(thread_id)
+        report = repackmod.repack(self.refs, threads, min_garbage=min_garbage, dry_run=dry_run)
+        for t in report.threads:
+            if t.repacked:
+                self._known.pop(t.thread_id, None)
+                self._have.pop(t.thread_id, None)
+        log.info("%s", report.to_text())
         return report
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,

@@ -186,3 +186,41 @@ def test_thread_ids_of_any_length_have_bounded_keys(store: CheckpointStore) -> N
     assert store.threads() == sorted([long_id, "short"])
     fresh = CheckpointStore.open(store.url, storage_options=_options(store))
     assert fresh.load(long_id).state == {"a": 1}
+
+
+def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
+        store: CheckpointStore) -> None:
+    from datetime import timedelta
+
+    store.refs.inline_max = 2000
+    state: dict[str, Any] = {"messages": []}
+    for i in range(80):
+        state["messages"] = [_msg(i * 1000 + j) for j in range(5)]  # nothing shared
+        store.save("t", state, label="keep" if i == 3 else None)
+    store.fork("t", store.history("t")[40].id, "f")  # the fork keeps naming the old packs
+    store.prune("t", keep_last=5)
+    kept = {c.id: store.load("t", c.id).state for c in store.history("t")}
+    assert len(kept) == 6  # the last 5 and the labelled one
+    ref = store.refs.read("t")
+    assert ref is not None
+    lineage = ref.head.lineage
+    dry = store.repack(dry_run=True)
+    assert not any(t.repacked for t in dry.threads) and store.refs.read("t") == ref
+    report = store.repack("t")
+    (only,) = report.threads
+    assert only.repacked and only.bytes_after < only.bytes_before / 5
+    ref = store.refs.read("t")
+    assert ref is not None and len(ref.head.packs) == 1 and ref.head.lineage != lineage
+    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    for cid, st in kept.items():
+        assert fresh.load("t", cid).state == st
+    before = fresh.storage_bytes()
+    fresh.gc(grace=timedelta(0), force=True)
+    assert fresh.storage_bytes() < before
+    assert fresh.load("f").state["messages"][0]["id"] == 39_000  # the fork is intact
+    # a store that saw the old lineage still writes every node its next save needs
+    state["messages"].append(_msg(999_999))
+    store.save("t", state)
+    assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
+        "t").state == state
+    assert store.repack("t").threads[0].repacked is False  # nothing left to free
