@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,27 @@ import fastcdc
 import msgpack
 
 from . import codec
-from .errors import FormatError
-from .objects import ObjectId, decode_node, encode_node, object_id
+from .errors import SerializationError
+from .join import load
+from .objects import ObjectId, encode_node, object_id
+from .shapes import (
+    BYTES,
+    DICT,
+    EXPANSION,
+    LIST,
+    MAX_DEPTH,
+    MAX_NEST,
+    MAX_STATE_BYTES,
+    STR,
+    TUPLE,
+    VALUE,
+    array_header,
+    map_header,
+)
 
-VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
+__all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built", "Memo",
+           "build", "load"]
+
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
 LONG_LIST = 4096  # a list of this many items or more is cut in two tiers (see sequence):
@@ -62,8 +79,6 @@ DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
 TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
-MAX_VISITS = 1_000_000  # node visits while loading: stops a hostile DAG from exploding
-MAX_DEPTH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,22 +97,6 @@ class Built:
     objects: dict[ObjectId, bytes]  # every node of the tree, root included
     size: int  # encoded bytes of the whole state (as one blob)
     data: bytes = b""  # the whole state's encoding (what the tree splits)
-
-
-def _header(n: int, small: int, b16: int, b32: int) -> bytes:
-    if n < 16:
-        return bytes([small | n])
-    if n < 0x10000:
-        return bytes([b16]) + n.to_bytes(2, "big")
-    return bytes([b32]) + n.to_bytes(4, "big")
-
-
-def _array_header(n: int) -> bytes:
-    return _header(n, 0x90, 0xDC, 0xDD)
-
-
-def _map_header(n: int) -> bytes:
-    return _header(n, 0x80, 0xDE, 0xDF)
 
 
 def text_cuts(data: bytes, utf8: bool) -> list[int]:
@@ -172,6 +171,7 @@ class _Builder:
         self.types = types
         self.memo = memo
         self.objects: dict[ObjectId, bytes] = {}
+        self.nest = 0  # split values inside split values, on the way down
 
     def node(self, shape: int, body: bytes, children: list[ObjectId] | tuple[ObjectId, ...] = ()
              ) -> ObjectId:
@@ -193,16 +193,25 @@ class _Builder:
     def subtree(self, value: Any, data: bytes) -> ObjectId | _Inline:
         """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
         kind = type(value)
-        if len(data) > SPLIT_MIN:
+        if len(data) <= SPLIT_MIN or kind not in (list, tuple, dict, str, bytes):
+            return self.node(VALUE, data)
+        self.nest += 1
+        if self.nest > MAX_NEST:
+            raise SerializationError(
+                f"cannot store the state: it nests values of over {SPLIT_MIN} bytes more than "
+                f"{MAX_NEST} levels deep; flatten it (for example store a deep chain as a list)")
+        try:
             if kind is list:
                 return self.sequence(value, data, LIST)
             if kind is tuple:
                 return self.sequence(value, codec.encode(list(value), types=self.types), TUPLE)
             if kind is dict:
                 return self.mapping(value, data)
-            if kind in (str, bytes) and len(value) > TEXT_SPLIT_MIN:
+            if len(value) > TEXT_SPLIT_MIN:
                 return self.text(value)
-        return self.node(VALUE, data)
+            return self.node(VALUE, data)
+        finally:
+            self.nest -= 1
 
     def sequence(self, value: list[Any], data: bytes, shape: int) -> _Inline:
         if self.memo is not None and len(value) < LONG_LIST:
@@ -223,16 +232,16 @@ class _Builder:
             big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
             items.append((b"", raw, self.subtree(item, raw) if big else None))
         if len(items) < LONG_LIST:
-            return self._index(self._leaves(items, _array_header), shape)
+            return self._index(self._leaves(items, array_header), shape)
         # a long list: regions closed by a rarer boundary become one big leaf each (few nodes
         # to read); the last, open region is cut as usual (an append writes a small leaf)
         regions = self._groups(items, LONG_LEAF_TARGET)
-        leaves = [self._leaf(region, _array_header) for region in regions[:-1]]
+        leaves = [self._leaf(region, array_header) for region in regions[:-1]]
         last = regions[-1] if regions else []
         if last and self._cuts(last[-1], LONG_LEAF_TARGET):
-            leaves.append(self._leaf(last, _array_header))
+            leaves.append(self._leaf(last, array_header))
         else:
-            leaves += self._leaves(last, _array_header, LONG_TAIL_TARGET)
+            leaves += self._leaves(last, array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
 
     def _sequence_memo(self, value: list[Any], data: bytes, shape: int) -> _Inline | None:
@@ -284,7 +293,7 @@ class _Builder:
         upto = start
         for group in self._groups(items, LEAF_TARGET):
             upto += len(group)
-            leaf = self._leaf(group, _array_header)
+            leaf = self._leaf(group, array_header)
             leaves[leaf] = self.objects[leaf]
             closed = self._cuts(group[-1], LEAF_TARGET) or len(group) >= LEAF_MAX_ITEMS
             groups.append((upto, leaf, closed))
@@ -312,8 +321,8 @@ class _Builder:
             pairs.append((data[pos:mid], raw, self.subtree(item, raw) if big else None))
             pos = end
         if len(pairs) <= DICT_SPLIT_KEYS:
-            return self._leaf(pairs, _map_header)
-        return self._index(self._leaves(pairs, _map_header), DICT)
+            return self._leaf(pairs, map_header)
+        return self._index(self._leaves(pairs, map_header), DICT)
 
     def text(self, value: str | bytes) -> _Inline:
         raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
@@ -428,130 +437,17 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
     """Encode a state into nodes (SerializationError before anything is written). With a
     ``memo``, what an earlier build of the same content hashed is reused, not hashed again."""
     data = codec.encode(value, types=types)
+    if len(data) > MAX_STATE_BYTES:
+        raise SerializationError(
+            f"cannot store the state: it encodes to {len(data)} bytes, more than the "
+            f"{MAX_STATE_BYTES} a checkpoint may hold; keep large blobs outside the state")
     builder = _Builder(types, memo)
     top = builder.subtree(value, data)
     root = top if isinstance(top, str) else builder.node(top.shape, b"", top.children)
+    distinct = sum(len(d) for d in builder.objects.values())
+    if len(data) > EXPANSION // 2 * distinct + (1 << 19):  # load allows twice as much
+        raise SerializationError(
+            f"cannot store the state: it repeats the same values more than {EXPANSION // 2} "
+            f"times over ({len(data)} bytes from {distinct} distinct bytes), which a load "
+            "refuses as a possible decompression bomb; store one copy and refer to it")
     return Built(root, builder.objects, len(data), data)
-
-
-def load(root: ObjectId, fetch: Callable[[list[ObjectId]], Mapping[str, bytes]],
-         types: codec.TypeRegistry | None = None, seen: set[str] | None = None,
-         max_bytes: int = 1 << 40) -> Any:
-    """Read a state back from its root node; ``fetch`` returns verified bytes by id. The tree
-    is read level by level, each level in one batch. ``seen`` collects the node ids read.
-    ``max_bytes`` bounds the node bytes decoded (a shared node counts each time it is used), so
-    a small hostile DAG cannot expand into gigabytes."""
-    nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
-    frontier: list[ObjectId] = [root]
-    while frontier:
-        got = fetch(frontier)
-        nxt: list[ObjectId] = []
-        for oid in frontier:
-            children, payload = decode_node(got[oid])
-            nodes[oid] = (children, payload)
-            nxt.extend(children)
-        frontier = [c for c in dict.fromkeys(nxt) if c not in nodes]
-    if seen is not None:
-        seen.update(nodes)
-    return _Loader(nodes, types, max_bytes).value(root, 0)
-
-
-class _Loader:
-    def __init__(self, nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]],
-                 types: codec.TypeRegistry | None, max_bytes: int) -> None:
-        self.nodes, self.types, self.visits, self.budget = nodes, types, 0, max_bytes
-
-    def visit(self, oid: ObjectId, depth: int) -> tuple[tuple[ObjectId, ...], memoryview]:
-        children, payload = self.nodes[oid]
-        self.visits += 1
-        self.budget -= len(payload)
-        if self.visits > MAX_VISITS or depth > MAX_DEPTH or self.budget < 0:
-            raise FormatError(f"state tree under {oid} is too deep or expands too far beyond "
-                              "the size its record gives; the store is corrupt or hostile")
-        return children, payload
-
-    def value(self, oid: ObjectId, depth: int) -> Any:
-        children, payload = self.visit(oid, depth)
-        if not payload:
-            raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
-        shape = payload[0]
-        if shape == VALUE:
-            def resolve(i: int) -> Any:
-                if not 0 <= i < len(children):
-                    raise FormatError(f"node {oid} refers to child {i} of {len(children)}")
-                return self.value(children[i], depth + 1)
-
-            def span(kind: int, start: int, count: int) -> Any:
-                if not LIST <= kind <= BYTES or start + count > len(children):
-                    raise FormatError(f"node {oid} joins children {start}..{start + count - 1} "
-                                      f"of {len(children)} into shape {kind}; it is corrupt")
-                return self.joined(oid, kind, children[start:start + count], depth + 1)
-            return codec.decode(payload[1:], types=self.types, resolve=resolve, span=span)
-        if len(payload) != 1 or shape > BYTES:
-            raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
-        return self.joined(oid, shape, children, depth)
-
-    def joined(self, oid: ObjectId, shape: int, children: tuple[ObjectId, ...], depth: int
-               ) -> Any:
-        """The value of ``children`` joined as ``shape`` (``oid`` names them in errors)."""
-        if shape in (LIST, TUPLE, DICT):  # fast path: join the leaves' bytes, decode once
-            items: list[memoryview] = []
-            count: int | None = 0
-            for child in children:
-                got = self.flat(child, shape == DICT, items, depth + 1)
-                if got is None or count is None:
-                    count = None
-                    break
-                count += got
-            if count is not None:
-                head = _map_header(count) if shape == DICT else _array_header(count)
-                joined = codec.decode(head + b"".join(items), types=self.types)
-                return tuple(joined) if shape == TUPLE else joined
-        parts = [self.value(c, depth + 1) for c in children]
-        want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
-        for part in parts:
-            if type(part) is not want and not (want is list and type(part) is tuple):
-                raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
-                                  f"{want.__name__}; the node is corrupt")
-        if shape in (LIST, TUPLE):
-            out: list[Any] = []
-            for part in parts:
-                out.extend(part)
-            return tuple(out) if shape == TUPLE else out
-        if shape == DICT:
-            merged: dict[Any, Any] = {}
-            for part in parts:
-                merged.update(part)
-            return merged
-        return "".join(parts) if shape == STR else b"".join(parts)
-
-    def flat(self, oid: ObjectId, is_map: bool, out: list[memoryview], depth: int) -> int | None:
-        """Append the item bytes of every leaf under ``oid``; None if a leaf has children."""
-        children, payload = self.visit(oid, depth)
-        if not payload:
-            raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
-        shape = payload[0]
-        if shape == VALUE:
-            if children or len(payload) < 2:
-                return None
-            first = payload[1]
-            small, b16, b32 = (0x80, 0xDE, 0xDF) if is_map else (0x90, 0xDC, 0xDD)
-            if first & 0xF0 == small:
-                n, skip = first & 0x0F, 2
-            elif first == b16 and len(payload) >= 4:
-                n, skip = int.from_bytes(payload[2:4], "big"), 4
-            elif first == b32 and len(payload) >= 6:
-                n, skip = int.from_bytes(payload[2:6], "big"), 6
-            else:
-                return None
-            out.append(payload[skip:])
-            return n
-        if len(payload) != 1 or shape != (DICT if is_map else LIST):
-            return None
-        total = 0
-        for child in children:
-            count = self.flat(child, is_map, out, depth + 1)
-            if count is None:
-                return None
-            total += count
-        return total

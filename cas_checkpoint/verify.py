@@ -51,7 +51,9 @@ from .objects import (
     decode_node,
     object_id,
 )
-from .objstore import PREFIX, key_pack_id as key_object_id, pack_key as object_key
+from .objstore import PREFIX
+from .objstore import key_pack_id as key_object_id
+from .objstore import pack_key as object_key
 from .refs import FANOUT, LEAF, RefStore, thread_key
 
 PREFIX_BYTES = 64 * 1024  # nodes larger than this are read by a prefix in quick mode (local)

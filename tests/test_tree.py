@@ -161,7 +161,7 @@ def test_split_values_are_joined_by_spans_and_bad_spans_are_refused() -> None:
     for span in (codec.Span(tree.LIST, 0, 2), codec.Span(tree.LIST, 1, 1),
                  codec.Span(tree.VALUE, 0, 1), codec.Span(tree.BYTES + 1, 0, 1)):
         root = b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(span), [leaf])
-        with pytest.raises(FormatError, match="joins children"):
+        with pytest.raises(FormatError, match="children|joins children"):
             tree.load(root, fetcher(b.objects))
     good = b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(codec.Span(tree.TUPLE, 0, 1)),
                   [leaf])
@@ -256,3 +256,105 @@ def test_a_memo_never_changes_what_is_built() -> None:
             objs = got.objects
             assert tree.load(got.root, lambda ids, o=objs: {i: o[i] for i in ids}) == state
     assert memo.hits > 10_000  # the memo was used, not bypassed
+
+
+_DEEP_SCRIPT = """
+import sys, threading
+from cas_checkpoint import CheckpointStore, FormatError, SerializationError
+depth, url, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+store = CheckpointStore.open(url)
+state = {"v": 0}
+for i in range(depth):
+    state = {"pad": "x" * 1100, "next": state}
+out = {}
+def run():
+    try:
+        if mode == "save":
+            store.save("deep", state)
+            out["r"] = "saved"
+        else:
+            same = CheckpointStore.open(url).load("deep").state == state
+            out["r"] = "loaded" if same else "wrong"
+    except SerializationError as exc:
+        out["r"] = "refused-save: " + str(exc)[:60]
+    except FormatError as exc:
+        out["r"] = "refused-load: " + str(exc)[:60]
+threading.stack_size(1 << 20)  # a small thread stack, as servers use
+t = threading.Thread(target=run)
+t.start(); t.join()
+print(out.get("r"))
+"""
+
+
+def _run_deep(depth: int, url: str, mode: str) -> str:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _DEEP_SCRIPT, str(depth), url, mode],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # no SIGSEGV
+    return proc.stdout.strip()
+
+
+def test_whatever_save_accepts_load_returns_in_a_small_thread_stack(tmp_path: Any) -> None:
+    """Nested values of over 1 KB each become a node level each: the loader walks them with an
+    explicit stack (no C-stack recursion per level), so in a 1 MB thread stack every depth that
+    saves also loads; past the limit, save refuses with SerializationError."""
+    from cas_checkpoint.shapes import MAX_NEST
+
+    for depth in (25, 200, MAX_NEST - 1):
+        url = str(tmp_path / f"d{depth}")
+        got = _run_deep(depth, url, "save")
+        if got == "saved":
+            assert _run_deep(depth, url, "load") == "loaded", depth
+        else:
+            assert got.startswith("refused-save") and depth > 50, (depth, got)
+    assert _run_deep(700, str(tmp_path / "d700"), "save").startswith("refused-save")
+
+
+def test_a_hostile_chain_of_tiny_nodes_is_a_format_error_not_a_crash(tmp_path: Any) -> None:
+    """200 tiny nodes, each naming the next by Ref: the old loader died with SIGSEGV."""
+    import subprocess
+    import sys
+
+    script = """
+import threading
+from cas_checkpoint import codec, tree, FormatError
+b = tree._Builder(None)
+child = b.node(tree.VALUE, codec.encode(1))
+for depth in range(int(__import__("sys").argv[1])):
+    child = b.node(tree.VALUE, b"\\x91" + codec.encode_link(codec.Ref(0)), [child])
+out = {}
+def run():
+    try:
+        out["r"] = repr(tree.load(child, lambda ids: {i: b.objects[i] for i in ids}))[:30]
+    except FormatError as exc:
+        out["r"] = "format-error"
+threading.stack_size(1 << 20)
+t = threading.Thread(target=run); t.start(); t.join()
+print(out["r"])
+"""
+    for depth, want in ((200, "[[[[["), (5000, "format-error")):
+        proc = subprocess.run([sys.executable, "-c", script, str(depth)], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().startswith(want), (depth, proc.stdout)
+
+
+def test_a_hostile_dag_cannot_expand_into_gigabytes() -> None:
+    """A 60 KB leaf named 999 times by a node named 999 times: ~60 GB if expanded. The budget
+    comes from the distinct bytes read (not from any field an attacker writes)."""
+    from cas_checkpoint import FormatError, codec
+
+    b = tree._Builder(None)
+    leaf = b.node(tree.VALUE, codec.encode("x" * 60_000))
+    links = b"".join(codec.encode_link(codec.Ref(i)) for i in range(999))
+    mid = b.node(tree.VALUE, b"\xdc\x03\xe7" + links, [leaf] * 999)
+    top = b.node(tree.VALUE, b"\xdc\x03\xe7" + links, [mid] * 999)
+    with pytest.raises(FormatError, match="expands too far"):
+        tree.load(top, fetcher(b.objects))
+    # and a state that really repeats a value that much is refused when saved
+    from cas_checkpoint import SerializationError
+
+    with pytest.raises(SerializationError, match="repeats the same values"):
+        tree.build(["y" * 70_000] * 600)

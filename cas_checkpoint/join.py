@@ -1,0 +1,211 @@
+"""Join a state back from its nodes: the inverse of ``tree.build``. Pure code.
+
+The loader never recurses on the C stack per tree level: nodes are evaluated by an explicit
+stack, children first, and each node's payload is decoded once, on its own (one ``unpackb``
+call at a time), its ``Ref``/``Span`` placeholders answered from its children's values. A list,
+tuple or dict split over leaves that hold no placeholders is joined fast: the leaves' item bytes
+are concatenated and decoded in one pass.
+
+Bounds that the data cannot move: ``MAX_DEPTH`` node levels; an expansion budget of node bytes
+(a node shared by many parents counts once per use) of ``EXPANSION`` times the distinct node
+bytes read, and never more than ``LOAD_BUDGET``. ``tree.build`` refuses any state these would
+refuse, so whatever a save accepts, a load returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import codec
+from .errors import FormatError
+from .objects import ObjectId, decode_node
+from .shapes import (
+    BYTES,
+    DICT,
+    EXPANSION,
+    LIST,
+    LOAD_BUDGET,
+    MAX_DEPTH,
+    STR,
+    TUPLE,
+    VALUE,
+    array_header,
+    map_header,
+)
+
+ID_COST = 32  # budget charged per child id a visited node names
+
+Fetch = Callable[[list[ObjectId]], Mapping[str, bytes]]
+
+
+def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
+         seen: set[str] | None = None, max_bytes: int | None = None) -> Any:
+    """Read a state back from its root node; ``fetch`` returns verified bytes by id, a batch
+    per tree level. ``seen`` collects the node ids read. ``max_bytes`` lowers the expansion
+    budget further (it can never raise it)."""
+    nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
+    frontier: list[ObjectId] = [root]
+    distinct = 0
+    while frontier:
+        got = fetch(frontier)
+        nxt: list[ObjectId] = []
+        for oid in frontier:
+            children, payload = decode_node(got[oid])
+            nodes[oid] = (children, payload)
+            distinct += len(payload) + ID_COST * len(children)
+            nxt.extend(children)
+        if distinct > LOAD_BUDGET:
+            raise FormatError(f"the state under {root} has more than {LOAD_BUDGET} bytes of "
+                              "distinct nodes; the store is corrupt or hostile")
+        frontier = [c for c in dict.fromkeys(nxt) if c not in nodes]
+    if seen is not None:
+        seen.update(nodes)
+    budget = min(LOAD_BUDGET, EXPANSION * distinct + (1 << 20))
+    if max_bytes is not None:
+        budget = min(budget, max_bytes)
+    return _Joiner(nodes, types, budget).run(root)
+
+
+class _Frame:
+    __slots__ = ("children", "depth", "oid", "payload", "shape", "vals")
+
+    def __init__(self, oid: ObjectId, depth: int, children: tuple[ObjectId, ...],
+                 payload: memoryview, shape: int) -> None:
+        self.oid, self.depth, self.children = oid, depth, children
+        self.payload, self.shape = payload, shape
+        self.vals: list[Any] = []
+
+
+_PENDING = object()
+
+
+class _Joiner:
+    def __init__(self, nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]],
+                 types: codec.TypeRegistry | None, budget: int) -> None:
+        self.nodes, self.types, self.budget = nodes, types, budget
+
+    def visit(self, oid: ObjectId, depth: int) -> tuple[tuple[ObjectId, ...], memoryview]:
+        children, payload = self.nodes[oid]
+        self.budget -= len(payload) + ID_COST * len(children)
+        if depth > MAX_DEPTH or self.budget < 0:
+            raise FormatError(f"state tree under {oid} is deeper than {MAX_DEPTH} levels or "
+                              "expands too far beyond its distinct bytes; the store is corrupt "
+                              "or hostile")
+        if not payload:
+            raise FormatError(f"state node {oid} has no shape byte; the node is corrupt")
+        return children, payload
+
+    def run(self, root: ObjectId) -> Any:
+        first = self.start(root, 0)
+        if not isinstance(first, _Frame):
+            return first
+        stack = [first]
+        while stack:
+            frame = stack[-1]
+            if len(frame.vals) < len(frame.children):
+                got = self.start(frame.children[len(frame.vals)], frame.depth + 1)
+                if isinstance(got, _Frame):
+                    stack.append(got)
+                else:
+                    frame.vals.append(got)
+                continue
+            stack.pop()
+            value = self.finish(frame)
+            if not stack:
+                return value
+            stack[-1].vals.append(value)
+        raise AssertionError("unreachable")
+
+    def start(self, oid: ObjectId, depth: int) -> Any:
+        """The value of a node that needs no child values, else a frame to evaluate it."""
+        children, payload = self.visit(oid, depth)
+        shape = payload[0]
+        if shape == VALUE:
+            if not children:
+                return codec.decode(payload[1:], types=self.types)
+            return _Frame(oid, depth, children, payload, shape)
+        if len(payload) != 1 or shape > BYTES:
+            raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
+        if shape in (LIST, TUPLE, DICT):
+            fast = self.flat_join(shape, children, depth)
+            if fast is not _PENDING:
+                return fast
+        return _Frame(oid, depth, children, payload, shape)
+
+    def finish(self, frame: _Frame) -> Any:
+        if frame.shape != VALUE:
+            return self.concat(frame.oid, frame.shape, frame.vals)
+        vals, used, oid = frame.vals, set[int](), frame.oid
+
+        def take(start: int, count: int) -> list[Any]:
+            if not 0 <= start <= start + count <= len(vals) or used.intersection(
+                    range(start, start + count)):
+                raise FormatError(f"node {oid} names children {start}..{start + count - 1} of "
+                                  f"{len(vals)}, or one of them twice; it is corrupt")
+            used.update(range(start, start + count))
+            return vals[start:start + count]
+
+        def span(kind: int, start: int, count: int) -> Any:
+            if not LIST <= kind <= BYTES:
+                raise FormatError(f"node {oid} joins children into unknown shape {kind}")
+            return self.concat(oid, kind, take(start, count))
+
+        return codec.decode(frame.payload[1:], types=self.types,
+                            resolve=lambda i: take(i, 1)[0], span=span)
+
+    @staticmethod
+    def concat(oid: ObjectId, shape: int, parts: list[Any]) -> Any:
+        """``parts`` (the values of a node's children) joined as ``shape``."""
+        want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
+        for part in parts:
+            if type(part) is not want and not (want is list and type(part) is tuple):
+                raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
+                                  f"{want.__name__}; the node is corrupt")
+        if shape in (LIST, TUPLE):
+            out: list[Any] = []
+            for part in parts:
+                out.extend(part)
+            return tuple(out) if shape == TUPLE else out
+        if shape == DICT:
+            merged: dict[Any, Any] = {}
+            for part in parts:
+                merged.update(part)
+            return merged
+        return "".join(parts) if shape == STR else b"".join(parts)
+
+    def flat_join(self, shape: int, children: tuple[ObjectId, ...], depth: int) -> Any:
+        """A list/tuple/dict whose leaves hold no placeholders: their item bytes joined and
+        decoded in one pass; ``_PENDING`` when a leaf has children (the caller evaluates the
+        children one by one instead)."""
+        is_map = shape == DICT
+        small, b16, b32 = (0x80, 0xDE, 0xDF) if is_map else (0x90, 0xDC, 0xDD)
+        inner = DICT if is_map else LIST
+        items: list[memoryview] = []
+        count = 0
+        stack = [(c, depth + 1) for c in reversed(children)]
+        while stack:
+            oid, level = stack.pop()
+            kids, payload = self.visit(oid, level)
+            kind = payload[0]
+            if kind != VALUE:
+                if len(payload) != 1 or kind != inner:
+                    return _PENDING
+                stack.extend((c, level + 1) for c in reversed(kids))
+                continue
+            if kids or len(payload) < 2:
+                return _PENDING
+            first = payload[1]
+            if first & 0xF0 == small:
+                n, skip = first & 0x0F, 2
+            elif first == b16 and len(payload) >= 4:
+                n, skip = int.from_bytes(payload[2:4], "big"), 4
+            elif first == b32 and len(payload) >= 6:
+                n, skip = int.from_bytes(payload[2:6], "big"), 6
+            else:
+                return _PENDING
+            items.append(payload[skip:])
+            count += n
+        head = map_header(count) if is_map else array_header(count)
+        joined = codec.decode(head + b"".join(items), types=self.types)
+        return tuple(joined) if shape == TUPLE else joined
