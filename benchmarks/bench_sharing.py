@@ -47,9 +47,9 @@ class Counting:
                     self.written += len(data)
             put_many(items)
 
-        def counted_ref(key: str, data: bytes, expected: str | None) -> str:
+        def counted_ref(key: str, data: bytes, expected: str | None, refresh: Any = None) -> str:
             self.written += len(data)
-            return write_ref(key, data, expected)
+            return write_ref(key, data, expected, refresh)
 
         backend.put_many = counted_put  # type: ignore[method-assign]
         backend.write_ref = counted_ref  # type: ignore[method-assign]

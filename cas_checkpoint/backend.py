@@ -19,10 +19,11 @@ from __future__ import annotations
 import builtins
 import os
 import secrets
+import stat
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 
 import blake3
 
-from .errors import InvalidArgumentError, NotFoundError, StorageError
+from .errors import FormatError, InvalidArgumentError, NotFoundError, StorageError
 
 try:
     import fcntl
@@ -48,6 +49,12 @@ class ObjectInfo:
     key: str
     size: int
     mtime: float  # seconds since the epoch, by the storage's own clock
+    regular: bool = True  # False: a folder, a link or a device where a file should be
+
+
+MAX_REF_BYTES = 4 << 20  # a ref larger than this is refused before it is read
+LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, at most
+REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
 
 
 class Backend(ABC):
@@ -84,9 +91,12 @@ class Backend(ABC):
         """(bytes, version) of a ref, or None if it does not exist."""
 
     @abstractmethod
-    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
         """Replace the ref if its version is ``expected`` (None: create it only if absent).
-        Returns the new version; raises RefMismatch otherwise."""
+        Returns the new version; raises RefMismatch otherwise. ``refresh`` is called before the
+        write when the update had to wait long for another writer (it re-puts the objects the
+        new ref names, so a gc that ran meanwhile cannot have taken them)."""
 
     @abstractmethod
     def delete_ref(self, key: str, expected: str) -> None:
@@ -97,8 +107,9 @@ class Backend(ABC):
         """Every key under ``prefix`` (a folder), with size and modified time."""
 
     @abstractmethod
-    def delete_many(self, keys: Iterable[str]) -> None:
-        """Delete keys; missing keys are ignored."""
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        """Delete keys; missing keys are ignored. Returns the keys the storage refused to
+        delete (they are still there)."""
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to
@@ -132,6 +143,7 @@ class LocalBackend(Backend):
             ) from exc
         if not os.path.isdir(self.root):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
+        self._real = os.path.realpath(self.root)
         self._dirs_made: set[str] = set()
 
     def _path(self, key: str) -> str:
@@ -173,6 +185,11 @@ class LocalBackend(Backend):
     def _makedirs(self, folder: str) -> None:
         if folder not in self._dirs_made:
             os.makedirs(folder, exist_ok=True)
+            real = os.path.realpath(folder)
+            if real != self._real and not real.startswith(self._real + os.sep):
+                raise StorageError(
+                    f"{folder} leads out of the store (to {real}) through a link; remove the "
+                    "link: cas_checkpoint writes only inside its root")
             self._dirs_made.add(folder)
 
     def _write_tmp(self, path: str, data: bytes) -> str:
@@ -202,7 +219,11 @@ class LocalBackend(Backend):
 
     def _put_one(self, key: str, data: bytes) -> str | None:
         path = self._path(key)
-        if os.path.exists(path):
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            size = None
+        if size == len(data):
             try:
                 os.utime(path)  # a reused object is fresh again for the GC grace period
                 return None
@@ -210,11 +231,15 @@ class LocalBackend(Backend):
                 pass  # a gc took it just now (see gc.py): write it again
         tmp = self._write_tmp(path, data)
         try:
-            os.link(tmp, path)
+            if size is not None and size != len(data):
+                os.replace(tmp, path)  # a damaged copy (truncated, say): never reuse it
+            else:
+                os.link(tmp, path)
         except FileExistsError:
             pass
         finally:
-            os.unlink(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return os.path.dirname(path)
 
     def put_many(self, items: dict[str, bytes]) -> None:
@@ -230,28 +255,72 @@ class LocalBackend(Backend):
             raise StorageError(f"cannot write objects in {self.root}: {exc}") from exc
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        path = self._path(key)
         try:
-            data = self.get(key)
-        except NotFoundError:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise StorageError(f"cannot read ref {key} in {self.root}: {exc}; a ref must be a "
+                               "regular file (run `cas-checkpoint verify`)") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StorageError(f"ref {key} in {self.root} is not a regular file; run "
+                                   "`cas-checkpoint verify`")
+            if st.st_size > MAX_REF_BYTES:
+                raise FormatError(f"ref {key} in {self.root} is {st.st_size} bytes, larger than "
+                                  f"any valid ref ({MAX_REF_BYTES}); it is corrupt or hostile")
+            parts = []
+            while chunk := os.read(fd, 1 << 20):
+                parts.append(chunk)
+                if sum(map(len, parts)) > MAX_REF_BYTES:
+                    raise FormatError(f"ref {key} in {self.root} grew past {MAX_REF_BYTES} "
+                                      "bytes while being read")
+        except OSError as exc:
+            raise StorageError(f"cannot read ref {key} in {self.root}: {exc}") from exc
+        finally:
+            os.close(fd)
+        data = b"".join(parts)
         return data, _version(data)
 
     @contextmanager
-    def _locked(self, path: str) -> Iterator[None]:
+    def _locked(self, path: str) -> Iterator[float]:
+        """Hold the ref's lock; yields the seconds spent waiting for it. Waits at most
+        ``LOCK_WAIT`` (a writer stalled while holding it must not stall others forever)."""
         self._makedirs(os.path.dirname(path))
         if fcntl is None:  # pragma: no cover
             raise StorageError("local refs need fcntl.flock, which this platform lacks")
-        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = path + ".lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-            yield
+            started, delay = time.monotonic(), 0.001
+            while True:
+                try:  # released by the kernel if its holder dies
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    waited = time.monotonic() - started
+                    if waited >= LOCK_WAIT:
+                        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+                        raise StorageError(
+                            f"gave up after {waited:.1f} s waiting for the lock {lock}, held by "
+                            f"{holder or 'another process'}: a writer of this thread is stalled. "
+                            "Retry; if it stays stuck, stop that process") from None
+                    time.sleep(min(delay, LOCK_WAIT - waited))
+                    delay = min(delay * 2, 0.05)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".ljust(64).encode(), 0)
+            yield time.monotonic() - started
         finally:
             os.close(fd)
 
-    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
         path = self._path(key)
         try:
-            with self._locked(path):
+            with self._locked(path) as waited:
+                if refresh is not None and waited > REFRESH_WAIT:
+                    refresh()  # a gc may have run while we waited: re-put what the ref names
                 current = self.read_ref(key)
                 if (current[1] if current else None) != expected:
                     raise RefMismatch(key)
@@ -275,26 +344,47 @@ class LocalBackend(Backend):
             raise StorageError(f"cannot delete ref {key} in {self.root}: {exc}") from exc
 
     def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every file under ``prefix``; a folder that cannot be read raises StorageError (never
+        "nothing there"), and links, devices or folders where only files belong are listed
+        with ``regular=False``."""
         base = self._path(prefix.rstrip("/"))
+
+        def fail(exc: OSError) -> None:
+            if isinstance(exc, FileNotFoundError) and exc.filename == base:
+                return  # nothing was ever written under this prefix
+            raise StorageError(f"cannot list {exc.filename} in {self.root}: {exc.strerror}; "
+                               "check its permissions (nothing was changed)") from exc
+
         out = []
-        for folder, _dirs, files in os.walk(base):
+        flat = prefix.rstrip("/") == "refs/heads"
+        for folder, dirs, files in os.walk(base, onerror=fail):
             rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
-            for name in files:
+            for name in dirs + files:
                 if ".tmp-" in name or name.endswith(".lock"):
                     continue
                 try:
-                    st = os.stat(os.path.join(folder, name))
+                    st = os.lstat(os.path.join(folder, name))
                 except FileNotFoundError:
                     continue
-                out.append(ObjectInfo(f"{rel}/{name}", st.st_size, st.st_mtime))
+                if name in dirs and stat.S_ISDIR(st.st_mode):
+                    if flat:  # refs/heads holds files only
+                        out.append(ObjectInfo(f"{rel}/{name}", 0, st.st_mtime, False))
+                    continue  # packs/ab/: a real folder, walked into
+                out.append(ObjectInfo(f"{rel}/{name}", st.st_size, st.st_mtime,
+                                      stat.S_ISREG(st.st_mode)))
+            if flat:
+                dirs[:] = []
         return out
 
-    def delete_many(self, keys: Iterable[str]) -> None:
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         for key in keys:
             try:
                 os.unlink(self._path(key))
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                raise StorageError(f"cannot delete {key} in {self.root}: {exc}") from exc
+        return []
 
     def stale_temps(self, before: float) -> builtins.list[tuple[str, int]]:
         """(path, size) of temp files under ``objects/`` and ``refs/`` last modified before
@@ -355,7 +445,8 @@ class MemoryBackend(Backend):
                 return None
         return data, _version(data)
 
-    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
         with self._lock:
             current = self.read_ref_unlocked(key)
             if current != expected:
@@ -391,13 +482,14 @@ class MemoryBackend(Backend):
                                       mtime))
         return out
 
-    def delete_many(self, keys: Iterable[str]) -> None:
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         with self._lock:
             for key in keys:
                 try:
                     self.fs.rm_file(self._path(key))
                 except FileNotFoundError:
                     pass
+        return []
 
 
 # --- opening -----------------------------------------------------------------------------------

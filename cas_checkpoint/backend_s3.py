@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import logging
 import secrets
@@ -26,8 +27,8 @@ from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
-from .backend import Backend, ObjectInfo, RefMismatch
-from .errors import CasError, NotFoundError, StorageError, UnsafeStorageError
+from .backend import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from .errors import CasError, FormatError, NotFoundError, StorageError, UnsafeStorageError
 from .retry import Backoff, error_code, is_precondition, is_transient
 
 log = logging.getLogger("cas_checkpoint")
@@ -55,6 +56,7 @@ class S3Backend(Backend):
         self.url = f"s3://{root}"
         self.allow_unsafe = allow_unsafe
         self._safe: bool | None = None
+        self._unsafe_reason = ""
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -105,8 +107,10 @@ class S3Backend(Backend):
 
     # --- objects ---
 
-    async def _get_object(self, key: str) -> tuple[bytes, str, str] | None:
-        """(body, ETag, write id) of a key read in one GET, or None if it does not exist."""
+    async def _get_object(self, key: str, limit: int | None = None
+                          ) -> tuple[bytes, str, str] | None:
+        """(body, ETag, write id) of a key read in one GET, or None if it does not exist.
+        With ``limit``, a larger object is refused (FormatError) before its body is read."""
         async def once() -> tuple[bytes, str, str] | None:
             try:
                 resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
@@ -116,6 +120,11 @@ class S3Backend(Backend):
                     raise
                 return None
             body = resp["Body"]
+            size = resp.get("ContentLength")
+            if limit is not None and isinstance(size, int) and size > limit:
+                body.close()
+                raise FormatError(f"{key} on {self.url} is {size} bytes, larger than any valid "
+                                  f"ref ({limit}); it is corrupt or hostile")
             try:  # a reply cut short fails here, and is retried with the request
                 data = bytes(await body.read())
             finally:
@@ -166,8 +175,21 @@ class S3Backend(Backend):
                     except OSError as exc:
                         if not _is_precondition(exc):
                             raise
-                    # It exists: copy it onto itself so its LastModified moves and a running gc
-                    # keeps it (gc.py); a 404 means a gc deleted it just now: PUT it again.
+                    # It exists. A copy of another size is damaged: overwrite it (same name, so
+                    # same bytes by construction). Else copy it onto itself so its LastModified
+                    # moves and a running gc keeps it (gc.py); a 404 means a gc deleted it just
+                    # now: PUT it again.
+                    try:
+                        head = await self._s3("head_object", Key=self._key(key))
+                        if int(head.get("ContentLength", -1)) != len(data):
+                            log.warning("%s on %s has %s bytes, not %d: rewriting it", key,
+                                        self.url, head.get("ContentLength"), len(data))
+                            await self._s3("put_object", Key=self._key(key), Body=data)
+                            return
+                    except FileNotFoundError as exc:
+                        if not _is_missing(exc):
+                            raise
+                        continue
                     try:
                         await self._s3("copy_object", Key=self._key(key), CopySource={
                             "Bucket": self.bucket, "Key": self._key(key)},
@@ -192,12 +214,13 @@ class S3Backend(Backend):
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
         try:
-            got = self._run(self._get_object(key))
+            got = self._run(self._get_object(key, MAX_REF_BYTES))
         except OSError as exc:
             raise self._fail(f"reading ref {key}", exc) from exc
         return None if got is None else (got[0], got[1])
 
-    def write_ref(self, key: str, data: bytes, expected: str | None) -> str:
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
         self._check_safe()
         wid = secrets.token_hex(12)
         cond = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
@@ -263,47 +286,60 @@ class S3Backend(Backend):
             raise self._fail(f"deleting ref {key}", exc) from exc
 
     def _check_safe(self) -> None:
-        """Once per backend: does the endpoint refuse a second If-None-Match PUT?"""
+        """Once per backend: does the endpoint honour every condition the store relies on?"""
         if self._safe or self.allow_unsafe:
             return
         if self._safe is None:
             self._safe = self._probe()
         if not self._safe:  # every write asks again, so a caught error cannot be skipped past
             raise UnsafeStorageError(
-                f"{self.url} accepted a second PUT with If-None-Match: *, so it does not honour "
-                "conditional writes and concurrent writers could lose checkpoints. Use a storage "
-                "that does (AWS S3, MinIO, R2...), or pass allow_unsafe=True if only one writer "
-                "ever touches each thread."
+                f"{self.url} does not honour {self._unsafe_reason}, so concurrent writers could "
+                "lose checkpoints. Use a storage that honours If-None-Match and If-Match on PUT "
+                "and If-Match on DELETE (AWS S3, MinIO, R2...), or pass allow_unsafe=True if "
+                "only one writer ever touches each thread."
             )
 
     def _probe(self) -> bool:
+        """Try each condition on a scratch key: a second PUT with If-None-Match: * must be
+        refused, and so must a PUT and a DELETE with If-Match naming a wrong ETag."""
         name = f"probe/{secrets.token_hex(8)}"
         probe = self._key(name)
+        wrong = '"00000000000000000000000000000000"'
 
-        async def put(body: bytes) -> bool:
-            """True if the PUT was refused because the key exists."""
+        async def refused(method: str, **kw: Any) -> bool:
+            """True if the request was refused with 412 Precondition Failed."""
             try:
-                await self._s3("put_object", Key=probe, Body=body, IfNoneMatch="*")
+                await self._s3(method, Key=probe, **kw)
                 return False
             except OSError as exc:
                 if not _is_precondition(exc):
                     raise
                 return True
 
-        async def go() -> bool:
-            await put(b"1")  # refused only when a lost reply was retried: the key is ours
-            refused = await put(b"2")
-            got = await self._get_object(name)
+        async def go() -> str:
+            await refused("put_object", Body=b"1", IfNoneMatch="*")  # a 412 here: a lost reply
             try:
-                await self._s3("delete_object", Key=probe)
-            except OSError:
-                pass  # a leftover probe is harmless
-            return refused and got is not None and got[0] == b"1"
+                if not await refused("put_object", Body=b"2", IfNoneMatch="*"):
+                    return "If-None-Match: * on PUT (a second create was accepted)"
+                if not await refused("put_object", Body=b"3", IfMatch=wrong):
+                    return "If-Match on PUT (a wrong ETag was accepted)"
+                if not await refused("delete_object", IfMatch=wrong):
+                    return "If-Match on DELETE (a wrong ETag was accepted)"
+                got = await self._get_object(name)
+                if got is None or got[0] != b"1":
+                    return "conditional writes (the probe object changed)"
+                return ""
+            finally:
+                try:
+                    await self._s3("delete_object", Key=probe)
+                except OSError:
+                    pass  # a leftover probe is harmless
 
         try:
-            return bool(self._run(go()))
+            self._unsafe_reason = str(self._run(go()))
         except OSError as exc:
             raise self._fail("checking conditional writes", exc) from exc
+        return not self._unsafe_reason
 
     # --- listing ---
 
@@ -368,15 +404,25 @@ class S3Backend(Backend):
         except OSError as exc:
             raise self._fail("listing objects", exc) from exc
 
-    def delete_many(self, keys: Iterable[str]) -> None:
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        """DeleteObjects in batches of 1,000; returns the keys whose per-key ``Errors`` said
+        they were not deleted."""
         keys = list(keys)
+        strip = len(self.prefix) + 1 if self.prefix else 0
 
-        async def go() -> None:
+        async def go() -> list[str]:
+            failed: list[str] = []
             for i in range(0, len(keys), 1000):
                 batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
-                await self._s3("delete_objects", Delete={"Objects": batch, "Quiet": True})
+                resp = await self._s3("delete_objects", Delete={"Objects": batch, "Quiet": True})
+                for err in resp.get("Errors") or []:
+                    if err.get("Code") != "NoSuchKey":
+                        log.warning("%s: could not delete %s: %s %s", self.url, err.get("Key"),
+                                    err.get("Code"), err.get("Message"))
+                        failed.append(str(err.get("Key", ""))[strip:])
+            return failed
 
         try:
-            self._run(go())
+            return self._run(go())  # type: ignore[no-any-return]
         except OSError as exc:
             raise self._fail("deleting objects", exc) from exc

@@ -267,7 +267,16 @@ class _Collector:
 
     def read_refs(self) -> dict[str, Head]:
         """Every ref whose version changed since the last read (all of them the first time)."""
-        keys = [i.key for i in self.backend.list(HEADS) if is_thread_key(i.key)]
+        listed = self.backend.list(HEADS)  # a listing error propagates: never "no refs"
+        odd = [i.key for i in listed if not i.regular or (
+            not is_thread_key(i.key) and i.key.count("/") == 2 and ".tmp-" not in i.key)]
+        if odd:
+            raise StorageError(
+                f"gc stopped before deleting anything: {len(odd)} entries under {HEADS} in "
+                f"{self.backend.url} are not refs gc can read ({', '.join(odd[:3])}); a thread "
+                "whose ref cannot be read would lose its checkpoints. Run `cas-checkpoint "
+                "verify`, then move those entries away")
+        keys = [i.key for i in listed if is_thread_key(i.key)]
         self.req["list"] += 1 + len(keys) // 1000
         self.req["get"] += len(keys)
         with ThreadPoolExecutor(self.workers) as pool:
@@ -305,9 +314,21 @@ class _Collector:
 
 
 def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> float:
-    """The storage's clock: the modified time of a tiny probe written under ``gc/``."""
+    """The storage's clock: the modified time of a tiny probe written under ``gc/``. When the
+    probe cannot be written (a full disk, say: the moment gc is most needed), the newest modified
+    time of anything in the store: an earlier "now" only makes gc keep more."""
     key = f"gc/probe-{secrets.token_hex(8)}"
-    backend.put_many({key: b"gc clock probe\n"})
+    try:
+        backend.put_many({key: b"gc clock probe\n"})
+    except StorageError as exc:
+        infos = [*backend.list(HEADS), *backend.list(PREFIX)]
+        if requests is not None:
+            requests["list"] += 2
+        if not infos:
+            raise StorageError(f"gc cannot write its clock probe {key} on {backend.url} "
+                               f"({exc}) and the store holds nothing to date by; free some "
+                               "space or fix the permissions, then run gc again") from exc
+        return max(i.mtime for i in infos)
     try:
         found = [i.mtime for i in backend.list("gc") if i.key == key]
     finally:
@@ -504,7 +525,8 @@ def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
         c.req["list"] += sum(max(1, math.ceil(per.get(p, 0) / 1000)) for p in prefixes)
         ok = [i for i in batch if i.key in now and now[i.key] == i.mtime < cutoff]
         if ok:
-            backend.delete_many(i.key for i in ok)
+            refused = set(backend.delete_many(i.key for i in ok))
+            ok = [i for i in ok if i.key not in refused]
             c.req["delete"] += 1
         deleted += ok
         c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))

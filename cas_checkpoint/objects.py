@@ -220,13 +220,18 @@ def _described(x: LogEntry | Record) -> list[Any]:
     return [x.step, x.created_at, x.size, x.label, list(x.tags), x.metadata]
 
 
+MAX_STEP = (1 << 62) - 1
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime can hold
+
+
 def _check_fields(step: object, created: object, size: object, label: object, tags: object,
                   meta: object) -> None:
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise _bad("step must be a non-negative int")
-    if not isinstance(created, (int, float)) or isinstance(created, bool):
-        raise _bad("created_at must be a number")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        raise _bad(f"step must be an int in [0, {MAX_STEP}]")
+    if (not isinstance(created, (int, float)) or isinstance(created, bool)
+            or not 0 <= created <= MAX_TIME):  # also refuses nan and inf
+        raise _bad("created_at must be a time between 1970 and 9999, in seconds")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STEP:
         raise _bad("size must be a non-negative int")
     if label is not None and not isinstance(label, str):
         raise _bad("label must be a string or nil")
@@ -434,8 +439,8 @@ class Head:
             raise _bad("head must be a map with keys t,h,s,p,e,k,i,g")
         thread, head, peaks, tail = raw["t"], raw["h"], raw["p"], raw["e"]
         step, packs, inline, lineage = raw["s"], raw["k"], raw["i"], raw["g"]
-        if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step < 1 << 62:
-            raise _bad("head step must be an int in [-1, 2**62)")
+        if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step < MAX_STEP:
+            raise _bad(f"head step must be an int in [-1, {MAX_STEP})")
         if not isinstance(thread, str):
             raise _bad("head thread must be a string")
         if head is not None and (not isinstance(head, bytes) or len(head) != 32):

@@ -165,6 +165,10 @@ class RefStore:
     def threads(self) -> list[str]:
         out = []
         for info in self.backend.list(HEADS):
+            if not info.regular:
+                log.warning("%s in %s is not a regular file: skipped (run `cas-checkpoint "
+                            "verify`)", info.key, self.backend.url)
+                continue
             if is_hashed_key(info.key):  # a long id: its head holds it
                 got = self.backend.read_ref(info.key)
                 if got is not None:
@@ -266,6 +270,7 @@ class RefStore:
                     continue
                 raise ConflictError(thread_id, expected_head, actual)  # type: ignore[arg-type]
             new_head, new_objects = change(ref)
+            packs: dict[ObjectId, bytes] = {}
             if new_head is not None:
                 new_head, packs = packing.stage(new_head, new_objects, self.objects.pack_bytes,
                                                 self.inline_max)
@@ -276,8 +281,14 @@ class RefStore:
                         self.backend.delete_ref(key, ref.version)
                     return None
                 data = new_head.encode()
-                return Ref(new_head, self.backend.write_ref(key, data,
-                                                            ref.version if ref else None))
+
+                def refresh(packs: dict[ObjectId, bytes] = packs) -> None:
+                    self.objects.put_packs(packs)
+
+                expected = ref.version if ref else None
+                version = (self.backend.write_ref(key, data, expected, refresh=refresh)
+                           if packs else self.backend.write_ref(key, data, expected))
+                return Ref(new_head, version)
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)
                 if attempt:

@@ -12,6 +12,8 @@ Faults, injected on every ``every``-th request in a fixed cycle (so each kind su
 * ``late_ref``: a ref PUT is forwarded and applied, and the reply never comes (client timeout).
 
 ``strip=True`` removes ``If-Match``/``If-None-Match`` (a storage that ignores conditional writes);
+``strip_only=(("PUT", "if-match"), ...)`` removes just those headers from just those methods (a
+storage that honours some conditions and not others);
 ``deny=True`` answers everything with 403 AccessDenied.
 """
 
@@ -66,13 +68,15 @@ def _read_chunked(f: Any) -> bytes:
 
 class FaultProxy:
     def __init__(self, upstream: str, *, every: int = 0, kinds: tuple[str, ...] = KINDS,
-                 stall: float = 3.0, strip: bool = False, deny: bool = False) -> None:
+                 stall: float = 3.0, strip: bool = False, deny: bool = False,
+                 strip_only: tuple[tuple[str, str], ...] = ()) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
         self.every = every
         self._cycle = itertools.cycle(kinds)
         self.stall = stall
         self.strip = strip
+        self.strip_only = strip_only
         self.deny = deny
         self.lock = threading.Lock()
         self.requests = 0
@@ -158,6 +162,7 @@ class FaultProxy:
         drop = {"expect", "connection", "keep-alive", "proxy-connection"}
         if self.strip:
             drop |= {"if-match", "if-none-match"}
+        drop |= {h for m, h in self.strip_only if m == method}
         out = [f"{method} {target} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers
                                                   if k.lower() not in drop]
         out.append("Connection: close")

@@ -383,11 +383,11 @@ def test_a_save_that_loses_a_race_writes_its_pack_again(monkeypatch: pytest.Monk
         written.append(sorted(k for k in items if k.startswith("packs/")))
         real_put(items)
 
-    def ref(key: str, data: bytes, expected: str | None) -> str:
+    def ref(key: str, data: bytes, expected: str | None, refresh: Any = None) -> str:
         if fails:
             fails.pop()
             raise RefMismatch(key)  # lose one race
-        return real_ref(key, data, expected)
+        return real_ref(key, data, expected, refresh)
 
     monkeypatch.setattr(store.backend, "put_many", put)
     monkeypatch.setattr(store.backend, "write_ref", ref)
