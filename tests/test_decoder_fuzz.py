@@ -35,8 +35,9 @@ def seeds():
     rec = Record("thread", ("cd" * 32,), built.root, 3, 1.5, 10, "l", ("t",), {"k": 1})
     seg = Segment(0, entries=(entry,) * 3)
     pack = encode_pack(dict(list(built.objects.items())[:8]))
-    return built, [head.encode(), rec.encode(), seg.encode(), Segment(1, children=("ab" * 32,)).encode(),
-                   pack, *list(built.objects.values())[:6]]
+    upper = Segment(1, children=("ab" * 32,)).encode()
+    return built, [head.encode(), rec.encode(), seg.encode(), upper, pack,
+                   *list(built.objects.values())[:6]]
 
 BUILT, SEEDS = seeds()
 
