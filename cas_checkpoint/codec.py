@@ -279,10 +279,14 @@ class _Encoder:
 
     def pack(self, value: object, wrap: int) -> bytes:
         # Packed inside [value] ([[value]] for set items, which decode one level deeper) so
-        # that the packer's depth limit stays within what the unpacker accepts.
-        packer = msgpack.Packer(default=self.default, strict_types=True, buf_size=4096)
-        data: bytes = packer.pack([[value]] if wrap == 2 else [value])
-        return data[wrap:]
+        # that the packer's depth limit stays within what the unpacker accepts. The result is
+        # copied once out of the packer's buffer (no intermediate bytes: a big state is not
+        # held three times over).
+        packer = msgpack.Packer(default=self.default, strict_types=True, buf_size=4096,
+                                autoreset=False)
+        packer.pack([[value]] if wrap == 2 else [value])
+        with packer.getbuffer() as buf:
+            return bytes(buf[wrap:])
 
     def default(self, obj: Any) -> msgpack.ExtType:  # only called for non-native values
         code, payload = _reduce(obj, self.reg)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 
 from .objects import Head, ObjectId, PackRef, encode_pack, object_id
 
-INLINE_MAX = 8 * 1024  # bytes of objects a head may hold before they go to a pack
+INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
 MAX_PACKS = 12
 

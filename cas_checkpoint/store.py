@@ -222,13 +222,15 @@ class CheckpointStore:
             expected_head = _check_id(expected_head, "expected_head")
         with self._memo_lock:
             built = tree.build(state, self.types, self._memo)  # raises before writing anything
+        root, size, nodes = built.root, built.size, built.objects
+        encoded = built.data if size <= STATE_CACHE_BYTES // 4 else None
+        del built  # a big state's encoding is not kept while its packs are written
         # A small root node goes inside the record instead of into an object of its own.
-        root_node = built.objects[built.root]
+        root_node = nodes[root]
         inline = root_node if inlinable(root_node) else None
-        nodes = built.objects
         if inline is not None:
             nodes = dict(nodes)
-            del nodes[built.root]
+            del nodes[root]
         current = self._known.get(thread_id, _UNSET)
         known = self._have.get(thread_id)
         saved: dict[str, Any] = {}
@@ -243,8 +245,8 @@ class CheckpointStore:
             skip = known if known is not None and known.lineage == head.lineage else None
             new = dict(nodes) if skip is None else skip.missing(nodes)
             parents = (head.head,) if head.head else ()
-            record = Record(thread_id, parents, built.root, head.head_step + 1, time.time(),
-                            built.size, label, tags_t, meta, inline)
+            record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
+                            label, tags_t, meta, inline)
             data = record.encode()
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
@@ -267,7 +269,8 @@ class CheckpointStore:
                                done=lambda r: "entry" in saved
                                and self.refs.holds(r.head, saved["entry"]))
         entry: LogEntry = saved["entry"]
-        self._remember_state(built.root, built.data)
+        if encoded is not None:
+            self._remember_state(root, encoded)
         if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
             have = saved["skip"] or _Known(saved["lineage"])

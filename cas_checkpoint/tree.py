@@ -79,6 +79,7 @@ DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
 TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
+MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remembered (memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,50 @@ class Built:
     data: bytes = b""  # the whole state's encoding (what the tree splits)
 
 
-def text_cuts(data: bytes, utf8: bool) -> list[int]:
+class _Chunks:
+    """A file-like reader over a buffer, so an Unpacker that only skips over items holds a
+    few KB of it at a time instead of a copy of the whole (a big state is not copied again)."""
+
+    __slots__ = ("pos", "view")
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.view, self.pos = memoryview(data), 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n < 0 else min(len(self.view), self.pos + n)
+        out = bytes(self.view[self.pos:end])
+        self.pos = end
+        return out
+
+
+def _scanner(data: bytes | memoryview) -> msgpack.Unpacker:
+    """An Unpacker to walk over ``data``'s items (``skip``/``tell``), fed without a copy of
+    ``data`` when it is big."""
+    if len(data) <= 1 << 20:
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
+                                    strict_map_key=False)
+        unpacker.feed(data)
+        return unpacker
+    return msgpack.Unpacker(_Chunks(data), raw=False, max_buffer_size=len(data) + 1,
+                            strict_map_key=False, read_size=1 << 16)
+
+
+def _text_header(n: int, is_str: bool) -> bytes:
+    """The msgpack header of a str (or bin) of ``n`` bytes, as ``codec.encode`` writes it."""
+    if is_str:
+        if n < 32:
+            return bytes([0xA0 | n])
+        if n < 0x100:
+            return bytes([0xD9, n])
+        return bytes([0xDA]) + n.to_bytes(2, "big") if n < 0x10000 else \
+            bytes([0xDB]) + n.to_bytes(4, "big")
+    if n < 0x100:
+        return bytes([0xC4, n])
+    return bytes([0xC5]) + n.to_bytes(2, "big") if n < 0x10000 else \
+        bytes([0xC6]) + n.to_bytes(4, "big")
+
+
+def text_cuts(data: bytes | memoryview, utf8: bool) -> list[int]:
     """End offsets of content-defined chunks of ``data`` (FastCDC, by the ``fastcdc`` package's
     compiled chunker: ~2 GB/s), each moved forward to a UTF-8 character start for text."""
     if len(data) <= TEXT_MIN:
@@ -173,15 +217,15 @@ class _Builder:
         self.objects: dict[ObjectId, bytes] = {}
         self.nest = 0  # split values inside split values, on the way down
 
-    def node(self, shape: int, body: bytes, children: list[ObjectId] | tuple[ObjectId, ...] = ()
-             ) -> ObjectId:
+    def node(self, shape: int, body: bytes | memoryview,
+             children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
         key = (shape, tuple(children)) if not body and self.memo is not None else None
         if key is not None and self.memo is not None:
             got = self.memo.index.get(key)
             if got is not None:
                 self.objects[got[0]] = got[1]
                 return got[0]
-        data = encode_node(bytes([shape]) + body, tuple(children))
+        data = encode_node(b"".join((bytes([shape]), body)), tuple(children))
         oid = object_id(data)
         self.objects[oid] = data
         if key is not None and self.memo is not None:
@@ -190,7 +234,7 @@ class _Builder:
                 self.memo.index.popitem(last=False)
         return oid
 
-    def subtree(self, value: Any, data: bytes) -> ObjectId | _Inline:
+    def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
         """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
         kind = type(value)
         if len(data) <= SPLIT_MIN or kind not in (list, tuple, dict, str, bytes):
@@ -213,21 +257,21 @@ class _Builder:
         finally:
             self.nest -= 1
 
-    def sequence(self, value: list[Any], data: bytes, shape: int) -> _Inline:
-        if self.memo is not None and len(value) < LONG_LIST:
-            got = self._sequence_memo(value, data, shape)
+    def sequence(self, value: list[Any], data: bytes | memoryview, shape: int) -> _Inline:
+        if self.memo is not None and len(value) < LONG_LIST and len(data) <= MEMO_MAX:
+            got = self._sequence_memo(value, bytes(data), shape)
             if got is not None:
                 return got
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
-        unpacker.feed(data)
+        unpacker = _scanner(data)
         if unpacker.read_array_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a list's length")
         items: list[_Item] = []
         pos = unpacker.tell()
+        view = memoryview(data)  # item bytes are views: a big state is not copied again
         for item in value:
             unpacker.skip()
             end = unpacker.tell()
-            raw = data[pos:end]
+            raw = view[pos:end]
             pos = end
             big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
             items.append((b"", raw, self.subtree(item, raw) if big else None))
@@ -303,41 +347,39 @@ class _Builder:
                                         [ends[g[0] - 1] for g in groups]))
         return self._index([g[1] for g in groups], shape)
 
-    def mapping(self, value: dict[Any, Any], data: bytes) -> ObjectId | _Inline:
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
-                                    strict_map_key=False)
-        unpacker.feed(data)
+    def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
+        unpacker = _scanner(data)
         if unpacker.read_map_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a dict's length")
         pairs: list[_Item] = []
         pos = unpacker.tell()
+        view = memoryview(data)
         for item in value.values():
             unpacker.skip()
             mid = unpacker.tell()
             unpacker.skip()
             end = unpacker.tell()
-            raw = data[mid:end]
+            raw = view[mid:end]
             big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
-            pairs.append((data[pos:mid], raw, self.subtree(item, raw) if big else None))
+            pairs.append((view[pos:mid], raw, self.subtree(item, raw) if big else None))
             pos = end
         if len(pairs) <= DICT_SPLIT_KEYS:
             return self._leaf(pairs, map_header)
         return self._index(self._leaves(pairs, map_header), DICT)
 
     def text(self, value: str | bytes) -> _Inline:
-        raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        is_str = isinstance(value, str)
+        raw = memoryview(value.encode("utf-8") if isinstance(value, str) else value)
         start, leaves = 0, []
-        for cut in text_cuts(raw, isinstance(value, str)):
-            piece = raw[start:cut]
-            part: str | bytes = piece.decode("utf-8", "surrogatepass") \
-                if isinstance(value, str) else piece
-            leaves.append(self.node(VALUE, codec.encode(part)))
+        for cut in text_cuts(raw, is_str):
+            piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
+            leaves.append(self.node(VALUE, b"".join((_text_header(len(piece), is_str), piece))))
             start = cut
-        return self._index(leaves, STR if isinstance(value, str) else BYTES)
+        return self._index(leaves, STR if is_str else BYTES)
 
     def _leaf(self, items: list[_Item], header: Callable[[int], bytes]) -> ObjectId:
         children: list[ObjectId] = []
-        parts = [header(len(items))]
+        parts: list[bytes | memoryview] = [header(len(items))]
         for prefix, raw, child in items:
             parts.append(prefix)
             if child is None:
@@ -417,7 +459,8 @@ class _Builder:
         return _Inline(object_id(encode_node(bytes([shape]), children)), shape, children)
 
 
-_Item = tuple[bytes, bytes, ObjectId | _Inline | None]  # (dict key or b"", value, subtree)
+# (dict key or b"", value, subtree): the bytes are views into the state's encoding
+_Item = tuple[bytes | memoryview, bytes | memoryview, ObjectId | _Inline | None]
 
 
 def _big_enough(value: Any) -> bool:
