@@ -13,8 +13,8 @@ kind   name             body
 ``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
 ``H``  thread head      32-byte BLAKE3 of the body, then a msgpack map: thread id, head id and
                         step, segment peaks, tail entries, packs, inline objects, lineage
-``P``  pack             flags byte, varint count, (32-byte id, varint length) per object,
-                        then the objects' bytes in that order
+``P``  pack             flags byte, u32 count, 8-byte id prefix per object, u32 length per
+                        object, then the objects' bytes in that order
 =====  ===============  ============================================================
 
 Two encodings keep the bytes every save writes small:
@@ -36,7 +36,10 @@ leaves room for compression and encryption.
 
 from __future__ import annotations
 
+import itertools
 import re
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -483,45 +486,49 @@ def _count(v: object) -> bool:
 # --- packs -------------------------------------------------------------------------------------
 
 
-def encode_pack(objects: dict[ObjectId, bytes]) -> bytes:
-    """One pack holding ``objects`` (id -> bytes), in the order given."""
-    index = bytearray(_HEADERS[PACK])
-    index.append(0)  # flags: 0 = plain (room for compression and encryption)
-    index += varint(len(objects))
-    for oid, data in objects.items():
-        index += _bin_id(oid)
-        index += varint(len(data))
-    return b"".join([index, *objects.values()])
+PACK_PREFIX = 8  # bytes of each object's id in a pack's index: the rest is its hash
 
 
-def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
-    """The objects of a pack (id -> bytes view), checked for shape only: the caller re-hashes
-    each object it uses."""
+def encode_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:
+    """One pack holding ``objects`` (id -> bytes), in the order given: the header, a flags byte
+    (0: plain), the count (u32), the first ``PACK_PREFIX`` bytes of each id, each object's
+    length (u32), then the objects. 12 bytes of index an object; a reader re-hashes an object
+    to know its full id."""
+    prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
+    lengths = struct.pack(f">{len(objects)}I", *map(len, objects.values()))
+    head = _HEADERS[PACK] + b"\x00" + struct.pack(">I", len(objects))
+    return b"".join([head, prefixes, lengths, *objects.values()])
+
+
+def read_pack_index(data: bytes | memoryview) -> dict[int, tuple[int, int]]:
+    """A pack's index: id prefix (as an int) -> (start, end) of the object in ``data``. Checks
+    the shape only: the caller re-hashes each object it takes out."""
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
-    if len(view) < 7 or view[5] != 0:
+    if len(view) < 10 or view[5] != 0:
         raise _bad("pack flags are not 0 (this version reads plain packs only)")
-    got = read_varint(view, 6, 9)
-    if got is None:
-        raise _bad("truncated pack header")
-    count, pos = got
-    if count > (len(view) - pos) // 33:
+    (count,) = struct.unpack_from(">I", view, 6)
+    body = 10 + count * (PACK_PREFIX + 4)
+    if body > len(view):
         raise _bad(f"pack claims {count} objects but is only {len(view)} bytes long")
-    index: list[tuple[ObjectId, int]] = []
-    for _ in range(count):
-        oid = ObjectId(bytes(view[pos:pos + 32]).hex())
-        got = read_varint(view, pos + 32, 9)
-        if got is None:
-            raise _bad("truncated pack index")
-        size, pos = got
-        index.append((oid, size))
+    prefixes = struct.unpack_from(f">{count}Q", view, 10)
+    lengths = struct.unpack_from(f">{count}I", view, 10 + count * PACK_PREFIX)
+    if body + sum(lengths) != len(view):
+        raise _bad("pack index does not add up to the pack's length")
+    ends = list(itertools.accumulate(lengths, initial=body))
+    return dict(zip(prefixes, zip(ends, ends[1:], strict=False), strict=False))
+
+
+def pack_prefix(oid: str) -> int:
+    return int(oid[:2 * PACK_PREFIX], 16)
+
+
+def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
+    """Every object of a pack by its full id (each one hashed: tools and audits)."""
+    view = memoryview(data)
     out: dict[ObjectId, memoryview] = {}
-    for oid, size in index:
-        if pos + size > len(view):
-            raise _bad("pack index names more bytes than the pack holds")
-        out[oid] = view[pos:pos + size]
-        pos += size
-    if pos != len(view):
-        raise _bad("trailing bytes after the objects of a pack")
+    for start, end in read_pack_index(view).values():
+        obj = view[start:end]
+        out[object_id(obj)] = obj
     return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .backend import Backend
 from .errors import FormatError, IntegrityError, NotFoundError
-from .objects import Head, ObjectId, decode_pack, object_id
+from .objects import Head, ObjectId, object_id, pack_prefix, read_pack_index
 
 PREFIX = "packs"
 
@@ -42,24 +42,40 @@ def key_pack_id(key: str) -> ObjectId | None:
 
 @dataclass(slots=True)
 class Pack:
-    """A pack read (and hashed) from storage: its objects, and which ones were re-hashed."""
+    """A pack read (and hashed as a whole) from storage: its index by id prefix; each object is
+    re-hashed the first time it is taken out."""
 
     id: ObjectId
     size: int
-    objects: dict[ObjectId, memoryview]
+    data: memoryview
+    index: dict[int, tuple[int, int]]
     verified: set[str] = field(default_factory=set)
+    _all: dict[ObjectId, memoryview] | None = None
 
     def get(self, oid: str) -> bytes | None:
-        view = self.objects.get(ObjectId(oid))
-        if view is None:
+        loc = self.index.get(pack_prefix(oid))
+        if loc is None:
             return None
-        data = bytes(view)
+        data = bytes(self.data[loc[0]:loc[1]])
         if oid not in self.verified:
             actual = object_id(data)
             if actual != oid:
                 raise IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})")
             self.verified.add(oid)
         return data
+
+    def __contains__(self, oid: object) -> bool:
+        return isinstance(oid, str) and self.get(oid) is not None
+
+    @property
+    def objects(self) -> dict[ObjectId, memoryview]:
+        """Every object by its full id (each hashed once: for merges, repacks, audits)."""
+        if self._all is None:
+            self._all = {}
+            for start, end in self.index.values():
+                obj = self.data[start:end]
+                self._all[object_id(obj)] = obj
+        return self._all
 
 
 def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:
@@ -69,10 +85,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
     try:
-        objects = decode_pack(data)
+        index = read_pack_index(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
-    return Pack(ObjectId(pid), len(data), objects)
+    return Pack(ObjectId(pid), len(data), memoryview(data), index)
 
 
 class View:

@@ -6,10 +6,11 @@ geometrically (an LSM tree of packs). Pure code: the caller reads and writes.
 * Past that, they are flushed into one new level-0 pack, named by the head.
 * When the newest ``MERGE_FACTOR`` packs share a level, they are merged into one pack a level up
   (the union of their objects: a merge never drops one), and so on up. When a head would name
-  more than ``MAX_PACKS`` packs, its newest ones are merged until it names ``MAX_PACKS``. So a
-  head names a bounded number of packs however long the thread grows, each object is rewritten
-  about log_4(thread bytes / INLINE_MAX) times, and loading a head in a new process reads the
-  head and then its packs in one parallel round.
+  more than ``MAX_PACKS`` packs, its lowest level's packs are merged early (they are the
+  smallest, so this is cheap; the big old packs are never rewritten for it). So a head names a
+  bounded number of packs however long the thread grows, each object is rewritten about
+  log_4(thread bytes / INLINE_MAX) times, and loading a head in a new process reads the head
+  and then its packs in one parallel round.
 
 A merged pack replaces its parts in the head; the parts become garbage for ``gc`` unless another
 thread (a fork) still names them.
@@ -23,7 +24,7 @@ from .objects import Head, ObjectId, PackRef, encode_pack, object_id
 
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
-MAX_PACKS = 12
+MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -52,8 +53,8 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         if len(top) == MERGE_FACTOR and len({p.level for p in top}) == 1:
             group, level = top, top[0].level + 1
         elif len(packs) > MAX_PACKS:
-            group = packs[MAX_PACKS - 1:]  # the newest ones, into one
-            level = max(p.level for p in group)
+            group = _lowest_run(packs)  # the smallest packs: a cheap merge, never the big ones
+            level = max(p.level for p in group) + 1
         else:
             break
         parts = _read(group, fresh, read)
@@ -68,6 +69,15 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         fresh[ref.id] = merged
         packs = packs[: len(packs) - len(group)] + [ref]
     return _with(head, tuple(packs), ()), written
+
+
+def _lowest_run(packs: list[PackRef]) -> list[PackRef]:
+    """The newest packs of the newest pack's level (levels never increase along a head's list,
+    so these are the smallest), or the newest two when that level has one."""
+    start = len(packs) - 1
+    while start > 0 and packs[start - 1].level == packs[-1].level:
+        start -= 1
+    return packs[start:] if len(packs) - start >= 2 else packs[-2:]
 
 
 def _read(group: list[PackRef], fresh: Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]],

@@ -55,15 +55,17 @@ LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-rea
 
 class _Known:
     """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
-    them): those of a view it loaded, plus the ones it saved since."""
+    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
+    since."""
 
-    __slots__ = ("base", "ids", "lineage")
+    __slots__ = ("ids", "lineage", "view")
 
-    def __init__(self, lineage: bytes, base: frozenset[str] = frozenset()) -> None:
-        self.lineage, self.base, self.ids = lineage, base, set[str]()
+    def __init__(self, lineage: bytes, view: View | None = None) -> None:
+        self.lineage, self.view, self.ids = lineage, view, set[str]()
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
-        return {k: nodes[k] for k in nodes.keys() - self.base - self.ids}
+        base = self.view.frozen_ids() if self.view is not None else frozenset()
+        return {k: nodes[k] for k in nodes.keys() - base - self.ids}
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +340,7 @@ class CheckpointStore:
         cp = self._load(view, cid, thread_id)
         if cid == head.head:  # a save that follows this load need not write what it holds
             self._known[thread_id] = ref
-            self._have[thread_id] = _Known(head.lineage, view.frozen_ids())
+            self._have[thread_id] = _Known(head.lineage, view)
         return cp
 
     def get(self, checkpoint_id: CheckpointId) -> Checkpoint:
