@@ -13,8 +13,8 @@ kind   name             body
 ``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
 ``H``  thread head      32-byte BLAKE3 of the body, then a msgpack map: thread id, head id and
                         step, segment peaks, tail entries, packs, inline objects, lineage
-``P``  pack             flags byte, u32 count, 8-byte id prefix per object, u32 length per
-                        object, then the objects' bytes in that order
+``P``  pack             flags byte, u32 count, 4-byte id prefix per object, u16 or u32 length
+                        per object, then the objects' bytes in that order
 =====  ===============  ============================================================
 
 Two encodings keep the bytes every save writes small:
@@ -486,38 +486,53 @@ def _count(v: object) -> bool:
 # --- packs -------------------------------------------------------------------------------------
 
 
-PACK_PREFIX = 8  # bytes of each object's id in a pack's index: the rest is its hash
+PACK_PREFIX = 4  # bytes of each object's id in a pack's index: the rest is its hash
+MAX_SAME_PREFIX = 16  # objects of one pack sharing a prefix, at most (a few, by chance)
 
 
 def encode_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:
-    """One pack holding ``objects`` (id -> bytes), in the order given: the header, a flags byte
-    (0: plain), the count (u32), the first ``PACK_PREFIX`` bytes of each id, each object's
-    length (u32), then the objects. 12 bytes of index an object; a reader re-hashes an object
-    to know its full id."""
+    """One pack holding ``objects`` (id -> bytes), in the order given: the header, a flags byte,
+    the object count (u32), the first ``PACK_PREFIX`` bytes of each id, each object's length,
+    then the objects. Flags: bit 0 set means lengths are u16 (every object under 64 KB), else
+    u32; the other bits are 0 (room for compression and encryption). 6 or 8 bytes of index an
+    object; a reader re-hashes an object to know its full id."""
+    lengths = list(map(len, objects.values()))
+    short = max(lengths, default=0) < 1 << 16
     prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
-    lengths = struct.pack(f">{len(objects)}I", *map(len, objects.values()))
-    head = _HEADERS[PACK] + b"\x00" + struct.pack(">I", len(objects))
-    return b"".join([head, prefixes, lengths, *objects.values()])
+    sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
+    head = _HEADERS[PACK] + bytes([1 if short else 0]) + struct.pack(">I", len(objects))
+    return b"".join([head, prefixes, sizes, *objects.values()])
 
 
-def read_pack_index(data: bytes | memoryview) -> dict[int, tuple[int, int]]:
-    """A pack's index: id prefix (as an int) -> (start, end) of the object in ``data``. Checks
-    the shape only: the caller re-hashes each object it takes out."""
+def read_pack_index(data: bytes | memoryview) -> dict[int, list[tuple[int, int]]]:
+    """A pack's index: id prefix (as an int) -> the (start, end) of each object in ``data``
+    whose id starts so (one, but for the rare chance collision). Checks the shape only: the
+    caller re-hashes each object it takes out to find the one it wants."""
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
-    if len(view) < 10 or view[5] != 0:
-        raise _bad("pack flags are not 0 (this version reads plain packs only)")
+    if len(view) < 10 or view[5] > 1:
+        raise _bad("pack flags name a feature this version does not read (only plain packs)")
+    width = 2 if view[5] else 4
     (count,) = struct.unpack_from(">I", view, 6)
-    body = 10 + count * (PACK_PREFIX + 4)
+    body = 10 + count * (PACK_PREFIX + width)
     if body > len(view):
         raise _bad(f"pack claims {count} objects but is only {len(view)} bytes long")
-    prefixes = struct.unpack_from(f">{count}Q", view, 10)
-    lengths = struct.unpack_from(f">{count}I", view, 10 + count * PACK_PREFIX)
+    prefixes = struct.unpack_from(f">{count}I", view, 10)
+    lengths = struct.unpack_from(f">{count}{'H' if width == 2 else 'I'}", view,
+                                 10 + count * PACK_PREFIX)
     if body + sum(lengths) != len(view):
         raise _bad("pack index does not add up to the pack's length")
     ends = list(itertools.accumulate(lengths, initial=body))
-    return dict(zip(prefixes, zip(ends, ends[1:], strict=False), strict=False))
+    index = {p: [loc] for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False),
+                                         strict=False)}
+    if len(index) < count:  # some prefixes repeat: gather every location of each
+        index = {}
+        for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False), strict=False):
+            index.setdefault(p, []).append(loc)
+            if len(index[p]) > MAX_SAME_PREFIX:
+                raise _bad(f"more than {MAX_SAME_PREFIX} objects of a pack share an id prefix")
+    return index
 
 
 def pack_prefix(oid: str) -> int:
@@ -528,7 +543,8 @@ def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
     """Every object of a pack by its full id (each one hashed: tools and audits)."""
     view = memoryview(data)
     out: dict[ObjectId, memoryview] = {}
-    for start, end in read_pack_index(view).values():
-        obj = view[start:end]
-        out[object_id(obj)] = obj
+    for locations in read_pack_index(view).values():
+        for start, end in locations:
+            obj = view[start:end]
+            out[object_id(obj)] = obj
     return out

@@ -40,6 +40,10 @@ def key_pack_id(key: str) -> ObjectId | None:
     return ObjectId(pid)
 
 
+class PrefixMismatch(Exception):
+    """Internal: a pack holds an object of the wanted id's prefix, not of the wanted id."""
+
+
 @dataclass(slots=True)
 class Pack:
     """A pack read (and hashed as a whole) from storage: its index by id prefix; each object is
@@ -48,33 +52,42 @@ class Pack:
     id: ObjectId
     size: int
     data: memoryview
-    index: dict[int, tuple[int, int]]
+    index: dict[int, list[tuple[int, int]]]
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
 
     def get(self, oid: str) -> bytes | None:
-        loc = self.index.get(pack_prefix(oid))
-        if loc is None:
+        locations = self.index.get(pack_prefix(oid))
+        if locations is None:
             return None
-        data = bytes(self.data[loc[0]:loc[1]])
-        if oid not in self.verified:
+        actual = ""
+        for start, end in locations:
+            data = bytes(self.data[start:end])
+            if oid in self.verified and len(locations) == 1:
+                return data
             actual = object_id(data)
-            if actual != oid:
-                raise IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})")
-            self.verified.add(oid)
-        return data
+            if actual == oid:
+                self.verified.add(oid)
+                return data
+        # An object of this id prefix whose bytes hash to another id: by chance another object
+        # (then the wanted one is elsewhere), or a pack that lies. The caller decides.
+        raise PrefixMismatch(IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})"))
 
     def __contains__(self, oid: object) -> bool:
-        return isinstance(oid, str) and self.get(oid) is not None
+        try:
+            return isinstance(oid, str) and self.get(oid) is not None
+        except PrefixMismatch:
+            return False
 
     @property
     def objects(self) -> dict[ObjectId, memoryview]:
         """Every object by its full id (each hashed once: for merges, repacks, audits)."""
         if self._all is None:
             self._all = {}
-            for start, end in self.index.values():
-                obj = self.data[start:end]
-                self._all[object_id(obj)] = obj
+            for locations in self.index.values():
+                for start, end in locations:
+                    obj = self.data[start:end]
+                    self._all[object_id(obj)] = obj
         return self._all
 
 
@@ -107,10 +120,17 @@ class View:
         data = self.inline.get(oid)
         if data is not None:
             return data
+        mismatch: PrefixMismatch | None = None
         for pack in self.packs:
-            got = pack.get(oid)
+            try:
+                got = pack.get(oid)
+            except PrefixMismatch as exc:
+                mismatch = exc
+                continue
             if got is not None:
                 return got
+        if mismatch is not None:  # named (by prefix) where it should be, with other bytes
+            raise mismatch.args[0]
         raise NotFoundError(
             f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
             f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "

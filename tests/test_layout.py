@@ -224,3 +224,30 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
         "t").state == state
     assert store.repack("t").threads[0].repacked is False  # nothing left to free
+
+
+def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) -> None:
+    """Pack indexes name objects by a 4-byte id prefix: an object found in one pack must not be
+    hidden by another pack holding a different object of the same prefix; a pack that names
+    an object by its prefix with other bytes (and nothing else has it) is an IntegrityError."""
+    from cas_checkpoint.errors import IntegrityError
+    from cas_checkpoint.objstore import View, parse_pack
+
+    seen: dict[str, tuple[str, bytes]] = {}
+    for i in range(2_000_000):  # two objects whose ids share the first 4 bytes (a birthday)
+        data = b"CASN\x03\x00\x00" + str(i).encode()
+        oid = object_id(data)
+        if oid[:8] in seen:
+            (a, da), (b, db) = seen[oid[:8]], (oid, data)
+            break
+        seen[oid[:8]] = (oid, data)
+    else:
+        pytest.fail("no 32-bit prefix collision in 2 million ids")
+    pa, pb = encode_pack({ObjectId(a): da}), encode_pack({ObjectId(b): db})
+    packs = [parse_pack(object_id(pa), pa), parse_pack(object_id(pb), pb)]
+    head = Head("t", None)
+    view = View(head, packs, None)  # type: ignore[arg-type]
+    assert view.get(b) == db and view.get(a) == da  # each found past the other's pack
+    lone = View(head, packs[:1], None)  # type: ignore[arg-type]
+    with pytest.raises(IntegrityError):
+        lone.get(b)  # named by prefix, with other bytes, and nowhere else
