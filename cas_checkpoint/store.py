@@ -483,7 +483,10 @@ class CheckpointStore:
         if self.refs.read(new_thread_id) is not None:
             raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
                                        "fork into another name")
-        self.refs.update(new_thread_id, change, expected_head=None, current=None)
+        ref = self.refs.update(new_thread_id, change, expected_head=None, current=None)
+        if ref is not None:  # the fork holds what its source held: a save need not resend it
+            self._known[new_thread_id] = ref
+            self._have[new_thread_id] = _Known(ref.head.lineage, self.objects.view(ref.head))
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return _info(by_id[cid], new_thread_id)
 

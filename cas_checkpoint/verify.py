@@ -1,64 +1,58 @@
 """Integrity audit of a store: prove that every checkpoint a ref reaches is intact, and name what
 is not. Used by :meth:`CheckpointStore.verify` and ``cas-checkpoint verify``.
 
-* **quick** (``deep=False``): every ref decodes and belongs to its thread; its head is in the
-  thread's log; every log segment, checkpoint record and state node it reaches exists (one listing
-  of ``objects/``, read beside the refs); segments and records are read, re-hashed and decoded,
-  and each log entry must agree with its record (parents, step, time, size, label, tags,
-  metadata). State nodes are only decoded as far as needed to find their children (on a local
-  disk, a node over 64 KB by a prefix read), not re-hashed. A small root node stored inside its
-  record is checked with the record (an invalid one makes the record ``undecodable``); the walk
-  goes on from its children.
-* **deep**: additionally every state node (or a random ``sample`` fraction of them) is read in
-  full and re-hashed against its name. So ``deep=False`` proves the structure, ``deep=True`` the
-  content.
+Layout v3: a thread's head (its ref, with a checksum) names the packs that hold its objects and
+holds its newest objects inline. The audit reads every ref and every pack a ref names (each pack
+once, however many threads name it), then walks each thread: log segments -> log entries ->
+checkpoint records -> state node trees.
 
+* **quick** (``deep=False``): every entry under ``refs/heads`` is a regular file and a readable
+  ref (its checksum holds, it belongs to its thread, its head is in its log: else
+  ``dangling_ref``); every pack a ref names exists, hashes to its name and has a valid index;
+  every segment, record and state node a checkpoint reaches is in its thread's packs or inline
+  objects, and is re-hashed as it is taken out; each log entry agrees with its record; no state
+  tree is deeper than a load follows (``too_deep``) or expands past what a load allows
+  (``too_big``).
+* **deep**: also re-hashes every object of every pack, reached or not (``sample=0.1``: a random
+  10% of the packs), so damage in objects no checkpoint needs right now is found too.
+
+A listing error propagates (StorageError): "could not look" is never reported as "nothing there".
 A problem names the object, its storage path, and the threads and checkpoints it breaks: a node
-shared by 30 checkpoints names those 30. Objects no ref reaches are garbage (counted, not errors).
+shared by 30 checkpoints names those 30. Packs no ref names are garbage (counted, not errors).
 
 ``VerifyReport.to_dict()`` / ``to_json()`` keys (stable): ``ok``, ``url``, ``deep``, ``sample``,
 ``thread``, ``threads``, ``checkpoints``, ``objects``, ``objects_hashed``, ``bytes_hashed``,
-``by_kind`` (``{"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
-``unreachable_objects``, ``unreachable_bytes`` (null when one thread was checked), ``seconds``,
-``problems`` (a list of ``{"kind", "what", "object", "path", "detail", "threads",
-"checkpoints"}``). Problem kinds: ``missing``, ``corrupt`` (bytes do not hash to the name),
-``undecodable``, ``unreadable`` (storage refused the read), ``dangling_ref`` (a head that is not
-in its thread's log), ``mismatch`` (a log entry, head or segment disagrees with what it names).
+``by_kind`` (``{"pack"|"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
+``unreachable_objects``, ``unreachable_bytes`` (packs no ref names; null when one thread was
+checked), ``seconds``, ``problems`` (a list of ``{"kind", "what", "object", "path", "detail",
+"threads", "checkpoints"}``). Problem kinds: ``missing``, ``corrupt`` (bytes do not hash to the
+name, or a ref's checksum fails), ``undecodable``, ``unreadable`` (storage refused the read, or an
+entry is not a regular file), ``dangling_ref`` (a head that is not in its thread's log),
+``mismatch`` (a log entry, head or segment disagrees with what it names), ``too_deep`` and
+``too_big`` (a state tree a load would refuse). ``what``: ``ref``, ``pack``, ``segment``,
+``record``, ``node``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from ._fmt import human_bytes as _human
-from .backend import Backend, LocalBackend
-from .errors import CasError, NotFoundError, StorageError
-from .objects import (
-    Head,
-    LogEntry,
-    ObjectId,
-    Record,
-    Segment,
-    decode_node,
-    object_id,
-)
-from .objstore import PREFIX
-from .objstore import key_pack_id as key_object_id
-from .objstore import pack_key as object_key
-from .refs import FANOUT, LEAF, RefStore, thread_key
+from .backend import Backend
+from .errors import CasError, FormatError, IntegrityError, NotFoundError, StorageError
+from .objects import Head, LogEntry, ObjectId, Record, Segment, decode_node
+from .objstore import PREFIX, Pack, View, key_pack_id, pack_key, parse_pack
+from .refs import HEADS, RefStore, is_thread_key, thread_from_key, thread_key
+from .shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH
 
-PREFIX_BYTES = 64 * 1024  # nodes larger than this are read by a prefix in quick mode (local)
-CHUNK = 32  # objects per worker task (one get_many each)
-WORKERS = max(2, min(8, (os.cpu_count() or 2) * 2))
+PACK_BATCH = 64  # packs read per round (bounds memory)
 
 Progress = Callable[[int, int], None]
 """``progress(objects_done, objects_listed)``: called now and then during a run."""
@@ -66,8 +60,9 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # missing | corrupt | undecodable | unreadable | dangling_ref | mismatch
-    what: str  # ref | segment | record | node
+    kind: str  # missing | corrupt | undecodable | unreadable | dangling_ref | mismatch | too_deep
+    #            | too_big
+    what: str  # ref | pack | segment | record | node
     object: str | None  # object id, or the checkpoint id a ref names
     path: str  # storage key under the store's root
     detail: str
@@ -146,16 +141,6 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-@dataclass(slots=True)
-class _Got:
-    """What reading one object found: ``parsed`` is the decoded value when all went well."""
-
-    status: str = "ok"  # ok | missing | corrupt | undecodable | unreadable
-    parsed: Any = None
-    detail: str = ""
-    hashed: int = -1  # bytes re-hashed, -1 if not hashed
-
-
 class _Audit:
     def __init__(self, backend: Backend, refs: RefStore, *, deep: bool, sample: float | None,
                  thread_id: str | None, progress: Progress | None) -> None:
@@ -168,98 +153,14 @@ class _Audit:
         self.progress = progress
         self.report = VerifyReport(backend.url, deep, sample, thread_id)
         self.report.by_kind = {k: {"objects": 0, "hashed": 0, "bytes_hashed": 0}
-                               for k in ("record", "segment", "node")}
-        self.sizes: dict[str, int] = {}
+                               for k in ("pack", "record", "segment", "node")}
         self.up: dict[str, set[str]] = {}  # object -> objects naming it (node -> node/record)
-        self.named_by: dict[str, set[str]] = {}  # object -> threads whose ref/log names it
+        self.named_by: dict[str, set[str]] = {}  # object (or pack) -> threads naming it
         self.records: set[str] = set()
         self.reached: set[str] = set()
-        self.partial: set[str] = set()  # threads whose log could not be read whole
+        self.packs: dict[str, Pack | None] = {}  # None: missing or damaged (reported)
         self.done = 0
-        self.local = isinstance(backend, LocalBackend)
-        self.pool = ThreadPoolExecutor(WORKERS)
-
-    # --- reading -------------------------------------------------------------------------------
-
-    def _prefix(self, key: str) -> bytes:
-        assert isinstance(self.backend, LocalBackend)
-        try:
-            with open(os.path.join(self.backend.root, *key.split("/")), "rb") as f:
-                return f.read(PREFIX_BYTES)
-        except FileNotFoundError:
-            raise NotFoundError(key) from None
-        except OSError as exc:
-            raise StorageError(f"cannot read {key}: {exc}") from exc
-
-    def _check(self, oid: str, data: bytes | None, rehash: bool,
-               decode: Callable[[bytes], Any], prefix: bool = False) -> _Got:
-        if data is None:
-            return _Got("missing", detail="the object does not exist")
-        got = _Got()
-        if rehash:
-            got.hashed = len(data)
-            actual = object_id(data)
-            if actual != oid:
-                got.status, got.detail = "corrupt", f"its bytes hash to {actual}"
-                return got
-        try:
-            got.parsed = decode(data)
-        except CasError as exc:
-            got.status, got.detail = "undecodable", str(exc)
-        except Exception as exc:  # a decoder bug must not stop the audit
-            got.status, got.detail = "undecodable", f"{type(exc).__name__}: {exc}"
-        if got.status != "ok" and not rehash and not prefix:  # damaged, or hostile?
-            return self._check(oid, data, True, decode)
-        return got
-
-    def _one(self, oid: str, rehash: bool, decode: Callable[[bytes], Any]) -> _Got:
-        """Read one object (a prefix of a large node when it is not re-hashed), re-hash it if
-        asked, and decode it."""
-        key = object_key(oid)
-        size = self.sizes.get(oid)
-        try:
-            if not rehash and self.local and size is not None and size > PREFIX_BYTES:
-                got = self._check(oid, self._prefix(key), False, decode, prefix=True)
-                if got.status == "ok":
-                    return got
-            return self._check(oid, self.backend.get(key), rehash, decode)
-        except NotFoundError:
-            return self._check(oid, None, True, decode)
-        except StorageError as exc:
-            return _Got("unreadable", detail=str(exc))
-
-    def _chunk(self, chunk: list[str], full: Callable[[str], bool],
-               decode: Callable[[bytes], Any]) -> list[_Got]:
-        """One worker's share: read a few objects with one ``get_many`` (concurrent on S3),
-        then re-hash and decode them here, so hashing runs in parallel too."""
-        by_prefix = {o for o in chunk if self.local and not full(o)
-                     and self.sizes.get(o, 0) > PREFIX_BYTES}
-        try:
-            got: dict[str, bytes | None] | None = self.backend.get_many(
-                [object_key(o) for o in chunk if o not in by_prefix])
-        except StorageError:  # one unreadable object: find it one by one
-            got = None
-        return [self._one(o, full(o), decode) if got is None or o in by_prefix
-                else self._check(o, got[object_key(o)], full(o), decode) for o in chunk]
-
-    def read(self, oids: list[str], kind: str, full: Callable[[str], bool],
-             decode: Callable[[bytes], Any]) -> dict[str, _Got]:
-        """Read, re-hash (where ``full``) and decode objects, chunks in parallel."""
-        out: dict[str, _Got] = {}
-        stats = self.report.by_kind[kind]
-        chunks = [oids[i:i + CHUNK] for i in range(0, len(oids), CHUNK)]
-        for chunk, results in zip(chunks, self.pool.map(lambda c: self._chunk(c, full, decode),
-                                                        chunks), strict=True):
-            for oid, res in zip(chunk, results, strict=True):
-                out[oid] = res
-                stats["objects"] += 1
-                if res.hashed >= 0:
-                    stats["hashed"] += 1
-                    stats["bytes_hashed"] += res.hashed
-            self.done += len(chunk)
-            if self.progress is not None:
-                self.progress(self.done, max(self.done, len(self.sizes)))
-        return out
+        self.total = 0
 
     # --- problems ------------------------------------------------------------------------------
 
@@ -285,220 +186,301 @@ class _Audit:
                                             tuple(sorted(set(threads))),
                                             tuple(sorted(set(checkpoints)))))
 
-    def object_problem(self, oid: str, what: str, got: _Got) -> None:
-        threads, cps = self.affected(oid)
-        self.problem(got.status, what, oid, object_key(oid), got.detail, threads, cps)
-
     def link(self, child: str, parent: str) -> None:
         self.up.setdefault(child, set()).add(parent)
 
-    def name(self, oid: str, thread: str) -> None:
-        self.named_by.setdefault(oid, set()).add(thread)
+    def tick(self, n: int = 1) -> None:
+        self.done += n
+        if self.progress is not None and self.done % 256 < n:
+            self.progress(self.done, max(self.done, self.total))
+
+    def count(self, kind: str, hashed: int | None) -> None:
+        stats = self.report.by_kind[kind]
+        stats["objects"] += 1
+        if hashed is not None:
+            stats["hashed"] += 1
+            stats["bytes_hashed"] += hashed
 
     # --- the walk ------------------------------------------------------------------------------
 
     def run(self) -> VerifyReport:
         t0 = time.perf_counter()
-        listing: Future[dict[str, int]] = self.pool.submit(self._list)
-        try:
-            heads = self.read_refs()
-            entries = self.read_logs(heads)  # logs and records are read while listing
-            roots = self.read_records(heads, entries)
-            self.sizes = listing.result()
-            self.read_nodes(roots)
-        finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        heads = self.read_refs()
+        self.read_packs(heads)
+        for key, head in heads.items():
+            self.walk(key, head)
         r = self.report
+        r.threads = len(heads) + len({p.threads[0] for p in r.problems
+                                      if p.what == "ref" and p.threads}
+                                     - {h.thread_id for h in heads.values()})
         r.objects = len(self.reached)
         r.objects_hashed = sum(k["hashed"] for k in r.by_kind.values())
         r.bytes_hashed = sum(k["bytes_hashed"] for k in r.by_kind.values())
         r.checkpoints = len(self.records)
         if self.thread_id is None:
-            garbage = [s for o, s in self.sizes.items() if o not in self.reached]
+            garbage = [i.size for i in self.backend.list(PREFIX)
+                       if (pid := key_pack_id(i.key)) is not None and pid not in self.packs]
             r.unreachable_objects, r.unreachable_bytes = len(garbage), sum(garbage)
         r.seconds = time.perf_counter() - t0
         if self.progress is not None:
             self.progress(self.done, self.done)
         return r
 
-    def _list(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for info in self.backend.list(PREFIX):
-            oid = key_object_id(info.key)
-            if oid is not None:
-                out[oid] = info.size
-        return out
-
     def read_refs(self) -> dict[str, Head]:
-        threads = self.refs.threads() if self.thread_id is None else [self.thread_id]
-        self.report.threads = len(threads)
-        raws = list(self.pool.map(lambda t: self.backend.read_ref(thread_key(t)), threads))
+        """Every ref (or the one asked for), decoded and checked; problems reported."""
+        if self.thread_id is not None:
+            keys = [thread_key(self.thread_id)]
+        else:
+            keys = []
+            for info in self.backend.list(HEADS):  # a listing error propagates
+                if not info.regular:
+                    self.problem("unreadable", "ref", None, info.key,
+                                 "not a regular file: a folder, link or device where a ref "
+                                 "belongs; move it away (gc refuses to run while it is there)",
+                                 _key_thread(info.key))
+                elif is_thread_key(info.key):
+                    keys.append(info.key)
         heads: dict[str, Head] = {}
-        for thread, raw in zip(threads, raws, strict=True):
-            key = thread_key(thread)
-            if raw is None:  # deleted since the listing, or never there
-                if self.thread_id is None:
-                    continue
-                raise NotFoundError(f"thread {thread!r} does not exist in {self.backend.url}")
+        for key in keys:
+            want = _key_thread(key)
             try:
-                head = Head.decode(raw[0])
+                got = self.backend.read_ref(key)
             except CasError as exc:
-                self.problem("undecodable", "ref", None, key, str(exc), [thread])
+                kind = "undecodable" if isinstance(exc, FormatError) else "unreadable"
+                self.problem(kind, "ref", None, key, str(exc), want)
                 continue
-            if head.thread_id != thread:
+            if got is None:
+                if self.thread_id is not None:
+                    raise NotFoundError(f"thread {self.thread_id!r} does not exist in "
+                                        f"{self.backend.url}")
+                continue
+            try:
+                head = Head.decode(got[0], key)
+            except IntegrityError as exc:
+                self.problem("corrupt", "ref", None, key, f"its checksum does not hold: {exc}",
+                             want)
+                continue
+            except FormatError as exc:
+                self.problem("undecodable", "ref", None, key, str(exc), want)
+                continue
+            if thread_key(head.thread_id) != key if _valid_id(head.thread_id) else True:
                 self.problem("mismatch", "ref", head.head, key,
-                             f"the ref of thread {thread!r} holds the head of thread "
-                             f"{head.thread_id!r} (copied or tampered with)", [thread])
+                             f"the ref holds thread {head.thread_id[:200]!r}, which is not the "
+                             "thread of its key: it was copied or tampered with", want)
                 continue
-            if head.head is not None:
-                heads[thread] = head
+            heads[key] = head
+            for p in head.packs:
+                self.named_by.setdefault(p.id, set()).add(head.thread_id)
         return heads
 
-    def read_logs(self, heads: dict[str, Head]) -> dict[str, list[LogEntry]]:
-        """Read every segment tree; returns each thread's entries (threads with a broken log
-        get the entries that could be read)."""
-        segs: dict[str, Segment | None] = {}
-        failed: dict[str, _Got] = {}
-        pending: list[str] = []
-        for thread, head in heads.items():
-            for peak in head.peaks:
-                self.name(peak.id, thread)
-                pending.append(peak.id)
-        while pending:
-            pending = list(dict.fromkeys(o for o in pending if o not in segs))
-            self.reached.update(pending)
-            got = self.read(pending, "segment", lambda o: True, Segment.decode)
-            nxt = []
-            for oid in pending:
-                seg = got[oid].parsed if got[oid].status == "ok" else None
-                segs[oid] = seg
-                if seg is None:
-                    failed[oid] = got[oid]
-                for child in seg.children if seg else ():
-                    self.link(child, oid)
-                    nxt.append(child)
-            pending = nxt
-        for oid, res in failed.items():  # after all links exist, so threads are complete
-            self.object_problem(oid, "segment", res)
-        out: dict[str, list[LogEntry]] = {}
-        for thread, head in heads.items():
-            entries: list[LogEntry] = []
-            seen: set[str] = set()
-            for peak in head.peaks:
-                found = self.flatten(peak.id, 64, segs, thread, seen)
-                top = segs.get(peak.id)
-                if found is None or top is None:
-                    self.partial.add(thread)
-                elif (len(found), top.level) != (peak.count, peak.level):
-                    self.problem("mismatch", "segment", peak.id, object_key(peak.id),
-                                 f"the head says a level {peak.level} tree of {peak.count} "
-                                 f"entries, it is level {top.level} with {len(found)}", [thread])
-                entries.extend(found or ())
-            entries.extend(head.tail)
-            out[thread] = entries
-        return out
+    def read_packs(self, heads: dict[str, Head]) -> None:
+        """Every pack a ref names, once: exists, hashes to its name, has a valid index."""
+        pids = list(dict.fromkeys(p.id for h in heads.values() for p in h.packs))
+        if self.sample is not None and self.deep:
+            self.chosen = {p for p in pids if self.rng.random() < self.sample}
+        else:
+            self.chosen = set(pids) if self.deep else set()
+        self.total = len(pids)
+        for i in range(0, len(pids), PACK_BATCH):
+            batch = pids[i:i + PACK_BATCH]
+            try:
+                got = self.backend.get_many(pack_key(p) for p in batch)
+            except StorageError as exc:
+                for pid in batch:
+                    self.packs[pid] = None
+                    self.problem("unreadable", "pack", pid, pack_key(pid), str(exc),
+                                 self.named_by.get(pid, ()))
+                continue
+            for pid in batch:
+                self.packs[pid] = self.read_pack(pid, got[pack_key(pid)])
+                self.tick()
 
-    def flatten(self, oid: str, above: int, segs: dict[str, Segment | None], thread: str,
-                seen: set[str]) -> list[LogEntry] | None:
-        seg = segs.get(oid)
-        if seg is None:
+    def read_pack(self, pid: str, data: bytes | None) -> Pack | None:
+        threads = self.named_by.get(pid, ())
+        if data is None:
+            self.problem("missing", "pack", pid, pack_key(pid), "the pack does not exist",
+                         threads)
             return None
-        bad = ""
-        if oid in seen:
-            bad = "the segment is named twice in the thread's log"
-        elif seg.level >= above:
-            bad = f"level {seg.level} under a level {above} segment"
-        elif len(seg.entries) > LEAF or len(seg.children) > FANOUT:
-            bad = "more entries or children than a segment may hold"
-        if bad:
-            self.problem("mismatch", "segment", oid, object_key(oid), bad, [thread])
-            return None
-        seen.add(oid)
-        out = list(seg.entries)
-        for child in seg.children:
-            got = self.flatten(child, seg.level, segs, thread, seen)
-            if got is None:
+        self.count("pack", len(data))
+        try:
+            pack = parse_pack(pid, data)
+        except IntegrityError as exc:
+            self.problem("corrupt", "pack", pid, pack_key(pid),
+                         f"its bytes hash to {exc.actual}", threads)
+            try:  # its index may be intact: then the walk finds which objects are damaged
+                return parse_pack(pid, data, trusted=True)
+            except FormatError:
                 return None
-            out.extend(got)
-        return out
+        except FormatError as exc:
+            self.problem("undecodable", "pack", pid, pack_key(pid), str(exc), threads)
+            return None
+        if pid in self.chosen:  # deep: every object of the pack, reached or not
+            for locations in pack.index.values():
+                for start, end in locations:
+                    self.count("node", end - start)
+            try:
+                pack.objects  # noqa: B018  (hashes every object)
+            except CasError as exc:
+                self.problem("undecodable", "pack", pid, pack_key(pid), str(exc), threads)
+        return pack
 
-    def read_records(self, heads: dict[str, Head],
-                     logs: dict[str, list[LogEntry]]) -> list[tuple[str, str]]:
-        wanted: dict[str, None] = {}
-        for thread, entries in logs.items():
-            head = heads[thread]
-            ids = {}
-            for e in entries:
-                self.name(e.id, thread)
-                self.records.add(e.id)
-                wanted[e.id] = None
-                ids[e.id] = e
-            assert head.head is not None
-            if head.head not in ids and thread in self.partial:  # may be in the lost part
-                self.name(head.head, thread)
-                self.records.add(head.head)
-                wanted[head.head] = None
-            elif head.head not in ids:
-                exists = self.backend.get_many([object_key(head.head)])[object_key(head.head)]
-                self.problem("dangling_ref", "ref", head.head, thread_key(thread),
-                             f"the head {head.head} is not in thread {thread!r}'s log"
-                             + ("" if exists is not None else " and does not exist"), [thread])
-            elif head.head in ids and ids[head.head].step != head.head_step:
-                self.problem("mismatch", "ref", head.head, thread_key(thread),
-                             f"the ref says step {head.head_step}, the log says "
-                             f"{ids[head.head].step}", [thread])
-        oids = list(wanted)
-        self.reached.update(oids)
-        got = self.read(oids, "record", lambda o: True, Record.decode)
-        roots: list[tuple[str, str]] = []  # (stored node, record naming it)
-        for oid in oids:
-            res = got[oid]
-            if res.status != "ok":  # incl. an inline root that is not a valid node
-                self.object_problem(oid, "record", res)
-            else:  # an inline root is part of its record: walk on from its children
-                roots.extend((child, oid) for child in res.parsed.children())
-        for thread, entries in logs.items():
-            for e in entries:
-                res = got[e.id]
-                if res.status == "ok" and not _same(res.parsed.entry(e.id), e):
-                    diff = _diff(res.parsed.entry(e.id), e)
-                    self.problem("mismatch", "record", e.id, thread_key(thread),
-                                 f"thread {thread!r}'s log disagrees with the record on {diff}",
-                                 [thread], [e.id])
-        return roots
+    def walk(self, key: str, head: Head) -> None:
+        thread = head.thread_id
+        missing_packs = [p.id for p in head.packs if self.packs.get(p.id) is None]
+        view = View(head, [pk for p in head.packs if (pk := self.packs.get(p.id)) is not None],
+                    self.refs.objects)
 
-    def read_nodes(self, roots: list[tuple[str, str]]) -> None:
-        pending: list[str] = []
-        for root, cid in roots:
-            self.link(root, cid)
-            pending.append(root)
-        seen: set[str] = set()
-        problems: list[tuple[str, _Got]] = []
-        while pending:
-            pending = [o for o in dict.fromkeys(pending) if o not in seen]
-            seen.update(pending)
-            self.reached.update(pending)
-            chosen = {o for o in pending if self._deep_pick()}
-            got = self.read(pending, "node", chosen.__contains__, _node_children)
-            nxt = []
-            for oid in pending:
-                res = got[oid]
-                if res.status != "ok":
-                    problems.append((oid, res))
+        def get(oid: str, what: str, parent: str | None) -> bytes | None:
+            if parent is not None:
+                self.link(oid, parent)
+            self.reached.add(oid)
+            try:
+                data = view.get(oid)
+            except IntegrityError as exc:
+                threads, cps = self.affected(oid)
+                self.problem("corrupt", what, oid, exc.path, f"its bytes hash to {exc.actual}",
+                             (*threads, thread), cps)
+                return None
+            except NotFoundError:
+                threads, cps = self.affected(oid)
+                where = (f"; {len(missing_packs)} of the thread's packs are missing or damaged"
+                         if missing_packs else "")
+                self.problem("missing", what, oid, key,
+                             f"in none of the thread's packs nor its ref{where}",
+                             (*threads, thread), cps)
+                return None
+            self.count(what, len(data) if oid not in view.inline else None)
+            self.tick()
+            return data
+
+        # the log
+        entries: list[LogEntry] = list(head.tail)
+        todo = [(p.id, 64) for p in reversed(head.peaks)]
+        while todo:
+            oid, above = todo.pop()
+            data = get(oid, "segment", None)
+            if data is None:
+                continue
+            try:
+                seg = Segment.decode(data)
+            except FormatError as exc:
+                self.problem("undecodable", "segment", oid, key, str(exc), [thread])
+                continue
+            if seg.level >= above:
+                self.problem("mismatch", "segment", oid, key, "a log segment does not descend "
+                             "in level: the log is corrupt", [thread])
+                continue
+            entries[:0] = list(seg.entries)
+            todo.extend((c, seg.level) for c in seg.children)
+        ids = {e.id for e in entries}
+        if head.head is not None and head.head not in ids:
+            self.problem("dangling_ref", "ref", head.head, key,
+                         "the head is not in the thread's log", [thread], [head.head])
+        # records, then state trees
+        roots: list[tuple[str, Record]] = []
+        for entry in entries:
+            self.named_by.setdefault(entry.id, set()).add(thread)
+            self.records.add(entry.id)
+            data = get(entry.id, "record", None)
+            if data is None:
+                continue
+            try:
+                rec = Record.decode(data)
+            except FormatError as exc:
+                self.problem("undecodable", "record", entry.id, key, str(exc), [thread],
+                             [entry.id])
+                continue
+            stored = rec.entry(entry.id)
+            if not _same(stored, entry):
+                self.problem("mismatch", "record", entry.id, key, "the log entry and the "
+                             f"record disagree on {_diff(stored, entry)}", [thread], [entry.id])
+            roots.append((entry.id, rec))
+        self.nodes(key, roots, get)
+
+    def nodes(self, key: str, roots: list[tuple[str, Record]],
+              get: Callable[[str, str, str | None], bytes | None]) -> None:
+        """Walk the state trees level by level (no recursion), checking depth and expansion."""
+        sizes: dict[str, tuple[int, tuple[ObjectId, ...]]] = {}  # node -> (payload+ids, children)
+        level = 0
+        frontier: dict[str, None] = {}
+        for cid, rec in roots:
+            if rec.root_node is not None:
+                sizes[rec.root] = (len(rec.root_node), rec.children())
+            for child in rec.children():
+                self.link(child, cid)
+                frontier.setdefault(child)
+        while frontier:
+            level += 1
+            nxt: dict[str, None] = {}
+            for oid in frontier:
+                if oid in sizes:
                     continue
-                for child in res.parsed:
+                data = get(oid, "node", None)
+                if data is None:
+                    sizes[oid] = (0, ())
+                    continue
+                try:
+                    children, payload = decode_node(data)
+                except FormatError as exc:
+                    threads, cps = self.affected(oid)
+                    self.problem("undecodable", "node", oid, key, str(exc), threads, cps)
+                    sizes[oid] = (0, ())
+                    continue
+                sizes[oid] = (len(payload) + 32 * len(children), children)
+                for child in children:
                     self.link(child, oid)
-                    nxt.append(child)
-            pending = nxt
-        for oid, res in problems:
-            self.object_problem(oid, "node", res)
+                    if child not in sizes:
+                        nxt.setdefault(child)
+            if level > MAX_DEPTH:
+                threads, cps = self.affected(next(iter(nxt or frontier)))
+                self.problem("too_deep", "node", next(iter(frontier)), key,
+                             f"a state tree is deeper than the {MAX_DEPTH} levels a load "
+                             "follows", threads, cps)
+                return
+            frontier = nxt
+        self.expansion(key, roots, sizes)
 
-    def _deep_pick(self) -> bool:
-        return self.deep and (self.sample is None or self.rng.random() < self.sample)
+    def expansion(self, key: str, roots: list[tuple[str, Record]],
+                  sizes: dict[str, tuple[int, tuple[ObjectId, ...]]]) -> None:
+        """Bytes each state expands into (a shared node counts once per use), against what a
+        load allows: flags the small hostile trees that would expand into gigabytes."""
+        expanded: dict[str, int] = {}
+        order: list[str] = []
+        seen: set[str] = set()
+        stack = [r.root for _, r in roots]
+        while stack:  # post-order without recursion
+            oid = stack[-1]
+            if oid in seen:
+                stack.pop()
+                if oid not in expanded:
+                    own, children = sizes.get(oid, (0, ()))
+                    expanded[oid] = min(own + sum(expanded.get(c, 0) for c in children),
+                                        LOAD_BUDGET + 1)
+                    order.append(oid)
+                continue
+            seen.add(oid)
+            stack.extend(c for c in sizes.get(oid, (0, ()))[1] if c not in seen)
+        distinct = sum(size for size, _ in sizes.values())
+        limit = min(LOAD_BUDGET, EXPANSION * distinct + (1 << 20))
+        for cid, rec in roots:
+            if expanded.get(rec.root, 0) > limit:
+                threads, cps = self.affected(rec.root)
+                self.problem("too_big", "node", rec.root, key,
+                             f"the state expands into more than {limit} bytes of nodes, which a "
+                             "load refuses (a hostile or corrupt tree)", threads, (*cps, cid))
 
 
-def _node_children(data: bytes) -> tuple[ObjectId, ...]:
-    return decode_node(data)[0]
+def _key_thread(key: str) -> tuple[str, ...]:
+    thread = thread_from_key(key)
+    return (thread,) if thread is not None else ()
+
+
+def _valid_id(thread: str) -> bool:
+    try:
+        thread_key(thread)
+        return True
+    except CasError:
+        return False
 
 
 def _same(a: LogEntry, b: LogEntry) -> bool:
