@@ -161,6 +161,7 @@ class _Audit:
         self.packs: dict[str, Pack | None] = {}  # None: missing or damaged (reported)
         self.done = 0
         self.total = 0
+        self.pending: dict[tuple[str, str, str], tuple[str, str, set[str]]] = {}
 
     # --- problems ------------------------------------------------------------------------------
 
@@ -186,6 +187,19 @@ class _Audit:
                                             tuple(sorted(set(threads))),
                                             tuple(sorted(set(checkpoints)))))
 
+    def object_problem(self, kind: str, what: str, oid: str, path: str, detail: str,
+                       thread: str) -> None:
+        """A damaged or missing object: reported once, after every thread was walked, naming
+        every thread and checkpoint that reaches it."""
+        got = self.pending.setdefault((kind, what, oid), (path, detail, set()))
+        got[2].add(thread)
+
+    def flush_problems(self) -> None:
+        for (kind, what, oid), (path, detail, threads) in self.pending.items():
+            named, cps = self.affected(oid)
+            self.problem(kind, what, oid, path, detail, (*named, *threads), cps)
+        self.pending.clear()
+
     def link(self, child: str, parent: str) -> None:
         self.up.setdefault(child, set()).add(parent)
 
@@ -209,6 +223,7 @@ class _Audit:
         self.read_packs(heads)
         for key, head in heads.items():
             self.walk(key, head)
+        self.flush_problems()
         r = self.report
         r.threads = len(heads) + len({p.threads[0] for p in r.problems
                                       if p.what == "ref" and p.threads}
@@ -337,17 +352,14 @@ class _Audit:
             try:
                 data = view.get(oid)
             except IntegrityError as exc:
-                threads, cps = self.affected(oid)
-                self.problem("corrupt", what, oid, exc.path, f"its bytes hash to {exc.actual}",
-                             (*threads, thread), cps)
+                self.object_problem("corrupt", what, oid, exc.path,
+                                    f"its bytes hash to {exc.actual}", thread)
                 return None
             except NotFoundError:
-                threads, cps = self.affected(oid)
                 where = (f"; {len(missing_packs)} of the thread's packs are missing or damaged"
                          if missing_packs else "")
-                self.problem("missing", what, oid, key,
-                             f"in none of the thread's packs nor its ref{where}",
-                             (*threads, thread), cps)
+                self.object_problem("missing", what, oid, key,
+                                    f"in none of the thread's packs nor its ref{where}", thread)
                 return None
             self.count(what, len(data) if oid not in view.inline else None)
             self.tick()
