@@ -387,10 +387,10 @@ class LocalBackend(Backend):
         return []
 
     def stale_temps(self, before: float) -> builtins.list[tuple[str, int]]:
-        """(path, size) of temp files under ``objects/`` and ``refs/`` last modified before
+        """(path, size) of temp files under ``packs/`` and ``refs/`` last modified before
         ``before``: a writer that died between writing one and linking it left it behind."""
         out = []
-        for top in ("objects", "refs"):
+        for top in ("packs", "refs"):
             for folder, _dirs, files in os.walk(os.path.join(self.root, top)):
                 for name in files:
                     if ".tmp-" not in name:

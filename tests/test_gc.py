@@ -16,8 +16,7 @@ from cas_checkpoint import (
 )
 from cas_checkpoint import gc as gcmod
 from cas_checkpoint.backend import LocalBackend, MemoryBackend, ObjectInfo
-from cas_checkpoint.objects import Record, decode_node
-from cas_checkpoint.objstore import key_object_id, object_key
+from cas_checkpoint.objstore import key_pack_id
 
 
 def is_s3(store: CheckpointStore) -> bool:
@@ -32,21 +31,25 @@ def gc0(store: CheckpointStore, **kw: Any) -> gcmod.GCReport:
     return store.gc(grace=timedelta(0), **kw)
 
 
-def object_ids(store: CheckpointStore) -> set[str]:
-    return {o for o in (key_object_id(i.key) for i in store.backend.list("objects")) if o}
+def pack_ids(store: CheckpointStore) -> set[str]:
+    """Every pack stored."""
+    return {p for p in (key_pack_id(i.key) for i in store.backend.list("packs")) if p}
 
 
-def closure(store: CheckpointStore, cid: str) -> set[str]:
-    """A checkpoint's record and every stored node of its state tree (a small root node is
-    inside the record, not an object)."""
-    out = {cid}
-    todo = list(Record.decode(store.objects.get(cid)).children())
-    while todo:
-        oid = todo.pop()
-        if oid not in out:
-            out.add(oid)
-            todo.extend(decode_node(store.objects.get(oid))[0])
+def named(store: CheckpointStore) -> set[str]:
+    """Every pack some ref names."""
+    out: set[str] = set()
+    for thread in store.threads():
+        ref = store.refs.read(thread)
+        assert ref is not None
+        out |= {p.id for p in ref.head.packs}
     return out
+
+
+def packed(store: CheckpointStore, **kw: Any) -> CheckpointStore:
+    """Objects flushed into a pack on every save: many packs, many merges."""
+    store.refs.inline_max = 1
+    return store
 
 
 def fresh(store: CheckpointStore) -> CheckpointStore:
@@ -83,7 +86,7 @@ def test_prune_keep_last_keeps_head_and_last_n(store: CheckpointStore) -> None:
     assert p.kept == tuple(ids[-3:]) and p.removed == tuple(ids[:-3])
     assert (report.kept, report.removed, report.dry_run) == (3, 7, False)
     assert store.load("t").state == state(9) and store.load("t", ids[7]).state == state(7)
-    assert store.get(ids[0]).state == state(0)  # objects stay until gc
+    assert store.get(ids[0]).state == state(0)  # objects stay until repack and gc
     assert store.save("t", state(10)).parent_ids == (ids[-1],)
 
 
@@ -181,132 +184,133 @@ def test_prune_due_is_amortised() -> None:
 # --- gc ----------------------------------------------------------------------------------------
 
 
-def test_gc_deletes_exactly_the_unreachable(store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(4)]
-    store.save("u", state(1))  # shares state(1)'s nodes with ids[1]
-    store.rewind("t", ids[1])
-    garbage = (closure(store, ids[2]) | closure(store, ids[3])) - closure(store, ids[1]) - \
-        closure(store, store.head("u") or "")
-    before = object_ids(store)
+def test_gc_deletes_exactly_the_packs_no_ref_names(store: CheckpointStore) -> None:
+    packed(store)
+    ids = [store.save("t", state(i)).id for i in range(12)]  # merges leave packs unnamed
+    store.save("u", state(1))
+    store.rewind("t", ids[5])
+    before = pack_ids(store)
+    garbage = before - named(store)
+    assert garbage  # merged-away packs
     report = gc0(store)
     assert set(report.deleted) == garbage and report.deleted_objects == len(garbage)
-    assert object_ids(store) == before - garbage
+    assert pack_ids(store) == before - garbage == named(store)
     assert report.scanned_objects == len(before)
     assert report.reachable_objects == len(before) - len(garbage)
     assert report.young_objects == 0 and report.refreshed_objects == 0
     assert report.deleted_bytes > 0 and report.threads == 2 and report.seconds > 0
-    assert report.requests["list"] >= 1 and report.requests["get"] > 0
-    assert all_load(store) == 3
+    assert report.requests["list"] >= 1
+    assert report.requests["get"] == 2 * report.ref_rounds  # the two refs, no object
+    assert all_load(store) == 7
     assert gc0(store).deleted_objects == 0
 
 
-def test_gc_keeps_an_inline_root_and_its_children(store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(3)]
-    tiny = store.save("t", {"step": 3}).id  # a root with no children at all
-    recs = [Record.decode(store.objects.get(c)) for c in [*ids, tiny]]
-    assert all(r.root_node is not None for r in recs)  # every root is inside its record
-    assert all(r.children() for r in recs[:3]) and recs[3].children() == ()
-    kept = set().union(*(closure(store, c) for c in [*ids, tiny]))
-    assert not {r.root for r in recs} & object_ids(store)  # no root is an object
-    before = object_ids(store)
+def test_gc_of_a_store_whose_objects_are_all_inline(store: CheckpointStore) -> None:
+    ids = [store.save("t", {"step": i}).id for i in range(3)]
+    assert pack_ids(store) == set()  # small states live inside the ref
     report = gc0(store)
-    assert report.deleted_objects == 0 and object_ids(store) == before
-    assert kept <= before and report.reachable_objects == len(before)
-    s = fresh(store)
-    assert [s.get(c).state for c in ids] == [state(i) for i in range(3)]
-    assert s.load("t").state == {"step": 3}
+    assert report.deleted_objects == 0 and report.scanned_objects == 0
+    assert [fresh(store).load("t", c).state for c in ids] == [{"step": i} for i in range(3)]
 
 
 def test_gc_keeps_young_garbage_and_dry_run_deletes_nothing(store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(3)]
-    store.rewind("t", ids[0])
-    before = object_ids(store)
+    packed(store)
+    for i in range(8):
+        store.save("t", state(i))
+    before = pack_ids(store)
     young = store.gc()  # default grace: 1 hour
     assert young.deleted_objects == 0 and young.young_objects > 0
     dry = gc0(store, dry_run=True)
     assert dry.dry_run and dry.deleted_objects == young.young_objects
-    assert object_ids(store) == before
+    assert pack_ids(store) == before
     real = gc0(store)
     assert set(real.deleted) == set(dry.deleted)
     assert "deleted" in real.to_text() and real.to_dict()["deleted_objects"] == len(real.deleted)
 
 
-def test_gc_after_delete_thread_removes_all_its_objects(store: CheckpointStore) -> None:
+def test_gc_after_delete_thread_removes_all_its_packs(store: CheckpointStore) -> None:
+    packed(store)
     for i in range(20):  # more than 16: log segments too
         store.save("t", state(i))
     store.fork("t", store.history("t")[5].id, "f")
     store.delete_thread("t")
+    assert pack_ids(store) - named(store)
     store.delete_thread("f")
     gc0(store)
-    assert object_ids(store) == set()
+    assert pack_ids(store) == set()
     assert store.threads() == []
 
 
-def test_gc_follows_forks_and_shared_nodes(store: CheckpointStore) -> None:
+def test_gc_keeps_what_a_fork_names(store: CheckpointStore) -> None:
+    packed(store)
     ids = [store.save("t", state(i, 40)).id for i in range(20)]
     store.fork("t", ids[12], "f")
     store.save("f", state(100, 40))
-    store.save("g", state(5, 40))  # same state as ids[5], another thread
     store.delete_thread("t")
-    gone = closure(store, ids[19]) - closure(store, ids[12])
     report = gc0(store)
-    assert report.deleted_objects > 0
+    assert report.deleted_objects > 0 and pack_ids(store) == named(store)
     s = fresh(store)
     assert s.load("f", ids[12]).state == state(12, 40)
     assert [c.id for c in s.history("f")][1:] == ids[12::-1]
-    assert all_load(store) == 15
-    assert gone and not gone & object_ids(store)
+    assert all_load(store) == 14
 
 
-def test_gc_does_not_follow_record_parents(store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(4)]
+def test_prune_then_repack_then_gc_frees_the_pruned(store: CheckpointStore) -> None:
+    packed(store)
+    ids = [store.save("t", {"step": i, "doc": f"{i}" * 3000}).id for i in range(6)]
     store.prune("t", keep_last=1)
+    assert store.repack("t").threads[0].repacked
     gc0(store)
-    assert ids[2] not in object_ids(store) and ids[3] in object_ids(store)
+    assert pack_ids(store) == named(store) and len(pack_ids(store)) == 1
     cp = fresh(store).load("t")
-    assert cp.parent_ids == (ids[2],) and cp.state == state(3)
+    assert cp.parent_ids == (ids[4],) and cp.state["step"] == 5  # parents are not followed
+    with pytest.raises(NotFoundError):
+        fresh(store).get(ids[4])
 
 
 def test_gc_storage_mtime_decides(make_store: Any, backend_kind: str) -> None:
     if backend_kind == "s3":
         pytest.skip("S3 LastModified cannot be set; covered by the refresh test")
-    store = make_store()
-    ids = [store.save("t", state(i)).id for i in range(3)]
-    store.rewind("t", ids[0])
-    garbage = (closure(store, ids[1]) | closure(store, ids[2])) - closure(store, ids[0])
+    store = packed(make_store())
+    for i in range(8):
+        store.save("t", state(i))
+    garbage = pack_ids(store) - named(store)
+    assert garbage
     age(store, garbage, hours=2)
     report = store.gc(grace=timedelta(hours=1))
     assert set(report.deleted) == garbage
 
 
-def age(store: CheckpointStore, oids: set[str], hours: float) -> None:
+def age(store: CheckpointStore, pids: set[str], hours: float) -> None:
     when = time.time() - hours * 3600
-    for oid in oids:
+    for pid in pids:
+        key = f"packs/{pid[:2]}/{pid[2:]}"
         if isinstance(store.backend, LocalBackend):
-            os.utime(os.path.join(store.backend.root, *object_key(oid).split("/")),
-                     (when, when))
+            os.utime(os.path.join(store.backend.root, *key.split("/")), (when, when))
         else:
             assert isinstance(store.backend, MemoryBackend)
-            f = store.backend.fs.store[f"{store.backend.root}/{object_key(oid)}"]
+            f = store.backend.fs.store[f"{store.backend.root}/{key}"]
             f.modified = datetime.fromtimestamp(when, UTC)
 
 
-def test_a_writer_reusing_an_orphan_refreshes_it(make_store: Any, backend_kind: str) -> None:
-    store = make_store()
-    ids = [store.save("t", state(i)).id for i in range(2)]
-    store.rewind("t", ids[0])
-    orphan = closure(store, ids[1]) - {ids[1]} - closure(store, ids[0])
-    assert orphan  # state nodes, not just the record
+def test_putting_an_existing_pack_refreshes_it(make_store: Any, backend_kind: str) -> None:
+    """A writer that puts a pack which exists (a retried save, an identical repack) moves its
+    modified time, so a gc judging it by age keeps it."""
+    store = packed(make_store())
+    for i in range(8):
+        store.save("t", state(i))
+    orphan = sorted(pack_ids(store) - named(store))[0]
+    key = f"packs/{orphan[:2]}/{orphan[2:]}"
+    data = store.backend.get(key)
     if backend_kind == "s3":
         time.sleep(2.2)
         grace = timedelta(seconds=2)
     else:
-        age(store, orphan, hours=2)
+        age(store, {orphan}, hours=2)
         grace = timedelta(hours=1)
-    store.save("u", state(1))  # the same state again: its nodes are refreshed, not rewritten
+    store.backend.put_many({key: data})  # reused: refreshed, not rewritten
     report = store.gc(grace=grace)
-    assert not orphan & set(report.deleted) and orphan <= object_ids(store)
-    assert fresh(store).load("u").state == state(1)
+    assert orphan not in set(report.deleted) and orphan in pack_ids(store)
 
 
 def test_gc_refuses_subsecond_grace_on_s3_and_bad_grace(store: CheckpointStore) -> None:
@@ -318,21 +322,10 @@ def test_gc_refuses_subsecond_grace_on_s3_and_bad_grace(store: CheckpointStore) 
         store.gc(grace=timedelta(seconds=0.5), force=True)
 
 
-def test_gc_stops_before_deleting_when_a_reachable_object_is_missing(
-        store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(3)]
-    store.rewind("t", ids[1])
-    node = Record.decode(store.objects.get(ids[0])).children()[0]  # under an inline root
-    store.backend.delete_many([object_key(node)])
-    before = object_ids(store)
-    with pytest.raises(NotFoundError, match="before deleting anything"):
-        gc0(store)
-    assert object_ids(store) == before
-
-
 def test_gc_progress_reports_phases(store: CheckpointStore) -> None:
-    ids = [store.save("t", state(i)).id for i in range(3)]
-    store.rewind("t", ids[0])
+    packed(store)
+    for i in range(8):
+        store.save("t", state(i))
     seen: list[tuple[str, int, int]] = []
     gc0(store, progress=lambda phase, done, total: seen.append((phase, done, total)))
     phases = {p for p, _, _ in seen}
@@ -344,10 +337,12 @@ def test_gc_progress_reports_phases(store: CheckpointStore) -> None:
 
 
 def _candidates(store: CheckpointStore) -> tuple[list[ObjectInfo], set[str]]:
-    ids = [store.save("t", state(i)).id for i in range(2)]
-    store.rewind("t", ids[0])
-    garbage = closure(store, ids[1]) - closure(store, ids[0])
-    infos = [i for i in store.backend.list("objects") if key_object_id(i.key) in garbage]
+    packed(store)
+    for i in range(8):
+        store.save("t", state(i))
+    garbage = pack_ids(store) - named(store)
+    infos = [i for i in store.backend.list("packs") if key_pack_id(i.key) in garbage]
+    assert len(infos) >= 2
     return infos, garbage
 
 
@@ -365,15 +360,15 @@ def test_local_sweep_puts_back_what_a_writer_refreshed(tmp_path: Any) -> None:
              (cutoff + 1, cutoff + 1))  # ...but a writer refreshed this one after the listing
     deleted = gcmod._sweep_local(store.backend, infos, cutoff, _collector(store))
     assert refreshed not in deleted and len(deleted) == len(infos) - 1
-    assert object_ids(store) & garbage == {key_object_id(refreshed.key)}
+    assert pack_ids(store) & garbage == {key_pack_id(refreshed.key)}
     assert os.listdir(os.path.join(store.backend.root, "gc")) == []  # no trash left
 
 
 def test_local_put_rewrites_an_object_gc_took_meanwhile(tmp_path: Any,
                                                         monkeypatch: Any) -> None:
-    store = CheckpointStore.open(str(tmp_path / "s"))
+    store = packed(CheckpointStore.open(str(tmp_path / "s")))
     store.save("t", state(1))
-    key = next(i.key for i in store.backend.list("objects"))
+    key = next(i.key for i in store.backend.list("packs"))
     data = store.backend.get(key)
     path = os.path.join(store.backend.root, *key.split("/"))
     real = os.utime
@@ -390,9 +385,9 @@ def test_local_put_rewrites_an_object_gc_took_meanwhile(tmp_path: Any,
 
 
 def test_local_gc_recovers_a_dead_gcs_trash(tmp_path: Any) -> None:
-    store = CheckpointStore.open(str(tmp_path / "s"))
+    store = packed(CheckpointStore.open(str(tmp_path / "s")))
     store.save("t", state(1))
-    info = next(iter(store.backend.list("objects")))
+    info = next(iter(store.backend.list("packs")))
     assert isinstance(store.backend, LocalBackend)
     trash = os.path.join(store.backend.root, "gc", "trash-1-dead")
     os.makedirs(trash)
@@ -405,11 +400,11 @@ def test_local_gc_recovers_a_dead_gcs_trash(tmp_path: Any) -> None:
 
 
 def test_local_gc_removes_temp_files_of_dead_writers_after_the_grace(tmp_path: Any) -> None:
-    store = CheckpointStore.open(str(tmp_path / "s"))
+    store = packed(CheckpointStore.open(str(tmp_path / "s")))
     store.save("t", state(1))
     assert isinstance(store.backend, LocalBackend)
     root = store.backend.root
-    info = next(iter(store.backend.list("objects")))
+    info = next(iter(store.backend.list("packs")))
     obj = os.path.join(root, *info.key.split("/"))
     head = os.path.join(root, *next(iter(store.backend.list("refs"))).key.split("/"))
     old = [obj + ".tmp-1-dead", head + ".tmp-1-dead"]
@@ -446,9 +441,9 @@ def test_s3_sweep_drops_candidates_whose_lastmodified_moved(tmp_path: Any,
     infos, garbage = _candidates(store)
     cutoff = time.time() + 100
     moved = ObjectInfo(infos[0].key, infos[0].size, infos[0].mtime - 5)  # listed before a refresh
-    gone = ObjectInfo("objects/00/" + "0" * 62, 1, 0.0)  # listed, then deleted by another gc
+    gone = ObjectInfo("packs/00/" + "0" * 62, 1, 0.0)  # listed, then deleted by another gc
     deleted = gcmod._sweep_listed(store.backend, [moved, gone, *infos[1:]], cutoff,
                                   _collector(store))
     assert moved not in deleted and gone not in deleted and deleted == sorted(
         infos[1:], key=lambda i: i.key)
-    assert object_ids(store) & garbage == {key_object_id(moved.key)}
+    assert pack_ids(store) & garbage == {key_pack_id(moved.key)}
