@@ -121,7 +121,7 @@ def check_store(store: CheckpointStore, acked: Iterable[tuple[str, str]],
         for h in hist:
             present.add((thread, h.id))
             if states:
-                check_state(store.get(h.id).state)
+                check_state(store.load(thread, h.id).state)
     missing = set(acked) - present
     assert not missing, f"{len(missing)} acknowledged saves are missing: {sorted(missing)[:3]}"
     return len(present)

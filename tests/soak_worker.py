@@ -87,6 +87,8 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     store = CheckpointStore.open(cfg["url"], storage_options=cfg.get("storage_options"),
                                  allow_unsafe=cfg.get("allow_unsafe", False))
+    if cfg.get("inline_max") is not None:  # tiny: a pack every save, merges all the time
+        store.refs.inline_max = cfg["inline_max"]
     out("ready")
     {"writer": writer, "reader": reader, "hang_in_ref": hang_in_ref}[cfg["role"]](store, cfg)
 

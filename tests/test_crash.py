@@ -19,25 +19,28 @@ from conftest import open_store
 
 from cas_checkpoint import CheckpointStore, StorageError
 from cas_checkpoint.backend import Backend
-from cas_checkpoint.objects import Record, Segment, decode_node
-from cas_checkpoint.objstore import key_object_id, object_key
+from cas_checkpoint.objstore import key_pack_id, pack_key, parse_pack
 from cas_checkpoint.refs import thread_key
+from cas_checkpoint.repack import reachable
 
 KILLS = soak(15, 200)
 
 
-def test_killed_writers_lose_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline_max", [None, 1])
+def test_killed_writers_lose_nothing(tmp_path: Path, inline_max: int | None) -> None:
     """A child saves in a loop (two threads, states of a few KB) and is SIGKILLed at a random
     moment; after each kill the store opens, each head loads, every save the child reported as
-    returned is in its thread, and every checkpoint the refs name is complete."""
-    rng = random.Random(5)
+    returned is in its thread, and every checkpoint the refs name is complete. With
+    ``inline_max=1`` every save writes a pack and merges run all the time, so kills land in the
+    middle of merges too."""
+    rng = random.Random(5 if inline_max is None else 6)
     url = str(tmp_path / "store")
     acked: list[tuple[str, str]] = []
     checked: set[str] = set()
     attempted = 0
     for kill in range(KILLS):
         proc = spawn({"url": url, "role": "writer", "writer": kill, "threads": ["a", "b"],
-                      "n": None, "pad": rng.choice([0, 3000, 40000])})
+                      "n": None, "pad": rng.choice([0, 3000, 40000]), "inline_max": inline_max})
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", proc.stderr
         time.sleep(rng.uniform(0, 0.15))  # when to kill: random, not a timing assertion
@@ -55,14 +58,19 @@ def test_killed_writers_lose_nothing(tmp_path: Path) -> None:
             for h in store.history(thread):  # every log entry's record and state are there
                 present.add((thread, h.id))
                 if h.id not in checked:
-                    check_state(store.get(h.id).state)
+                    check_state(store.load(thread, h.id).state)
                     checked.add(h.id)
         missing = set(acked) - present
         assert not missing, f"kill {kill}: acknowledged saves lost: {sorted(missing)[:3]}"
     found = check_store(CheckpointStore.open(url), acked)
-    print(f"\n[soak] crash: kills {KILLS}, saves attempted {attempted}, acknowledged "
-          f"{len(acked)}, found {found}")
+    merges = sum(p.level > 0 for t in CheckpointStore.open(url).threads()
+                 for p in CheckpointStore.open(url).refs.read(t).head.packs)  # type: ignore[union-attr]
+    print(f"\n[soak] crash (inline_max {inline_max}): kills {KILLS}, saves attempted "
+          f"{attempted}, acknowledged {len(acked)}, found {found}, merged packs named {merges}")
     assert found >= len(acked) > 0
+    assert CheckpointStore.open(url).verify().ok
+    if inline_max is not None:
+        assert merges > 0  # merges did happen
 
 
 def test_lock_of_a_killed_writer_is_released(tmp_path: Path) -> None:
@@ -102,26 +110,10 @@ class Injected(StorageError):
 def _reachable(store: CheckpointStore) -> set[str]:
     """Every object a ref can reach: log segments, records, state nodes."""
     seen: set[str] = set()
-    todo: list[str] = []
     for thread in store.threads():
         ref = store.refs.read(thread)
         assert ref is not None
-        todo += [p.id for p in ref.head.peaks] + [e.id for e in ref.head.tail]
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        data = store.objects.get(oid)
-        kind = data[3:4]
-        if kind == b"L":
-            seg = Segment.decode(data)
-            todo += list(seg.children) + [e.id for e in seg.entries]
-        elif kind == b"C":
-            rec = Record.decode(data)
-            todo += [*rec.children(), *rec.parents]  # a small root is inside the record
-        elif kind == b"N":
-            todo += list(decode_node(data)[0])
+        seen |= reachable(ref.head, store.objects.view(ref.head))
     return seen
 
 
@@ -130,15 +122,14 @@ def _snapshot(store: CheckpointStore) -> tuple[Any, ...]:
 
 
 def _all_objects_whole(store: CheckpointStore) -> set[str]:
-    """Every listed object hashes to its name (no partial object is ever visible)."""
-    oids = set()
-    for info in store.backend.list("objects"):
-        oid = key_object_id(info.key)
-        assert oid is not None, f"stray file {info.key}"
-        store.objects.forget([oid])
-        store.objects.get(oid)  # re-hashes
-        oids.add(oid)
-    return oids
+    """Every listed pack hashes to its name and decodes (no partial pack is ever visible)."""
+    pids = set()
+    for info in store.backend.list("packs"):
+        pid = key_pack_id(info.key)
+        assert pid is not None, f"stray file {info.key}"
+        parse_pack(pid, store.backend.get(info.key))  # re-hashes
+        pids.add(pid)
+    return pids
 
 
 STEPS = ["put_many", "write_ref"]
@@ -166,11 +157,12 @@ class FailAt:
 def test_failure_between_write_steps_leaves_only_garbage(
         kind: str, tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the k-th storage write of a save (state nodes, record, log segment, ref), before or
-    after it is applied, for every k: the store stays consistent, a save that raised before its
-    ref moved left only unreachable garbage, one that raised after landed whole, and the next
-    save works."""
+    """Fail the k-th storage write of a save (its pack, then its ref), before or after it is
+    applied, for every k: the store stays consistent, a save that raised before its ref moved
+    left only unreachable garbage, one that raised after landed whole, and the next save
+    works."""
     store = open_store(kind, tmp_path, request)
+    store.refs.inline_max = 1  # every save writes a pack, then its ref
     for i in range(15):  # the 16th entry closes a log segment: one more write step
         store.save("t", make_state(0, i), metadata={"w": 0, "i": i})
     injected = landed = 0
@@ -202,7 +194,7 @@ def test_failure_between_write_steps_leaves_only_garbage(
             check_store(CheckpointStore.open(store.url) if kind == "local" else store, [])
             k += 1
         if when == "before":
-            assert k == 5  # nodes, record, segment, ref
+            assert k == 3  # the pack (merged ones with it), the ref
     assert landed == 1  # only a failure after the ref write lands
     after_all = store.save("t", make_state(0, 99))
     assert store.head("t") == after_all.id
@@ -237,9 +229,9 @@ def test_failure_inside_local_writes_leaves_no_partial_file(
     assert store.save("t", make_state(0, 2)).id == CheckpointStore.open(store.url).head("t")
 
 
-def test_object_key_roundtrip() -> None:
+def test_pack_key_roundtrip() -> None:
     oid = uuid.uuid4().hex * 2
-    assert key_object_id(object_key(oid)) == oid
+    assert key_pack_id(pack_key(oid)) == oid
 
 
 def test_backend_has_the_steps_we_patch() -> None:
