@@ -365,11 +365,17 @@ class _Audit:
             self.tick()
             return data
 
-        # the log
-        entries: list[LogEntry] = list(head.tail)
+        # the log, oldest first; a segment named twice is hostile (and would explode)
+        entries: list[LogEntry] = []
+        seen: set[str] = set()
         todo = [(p.id, 64) for p in reversed(head.peaks)]
         while todo:
             oid, above = todo.pop()
+            if oid in seen:
+                self.problem("mismatch", "segment", oid, key, "a log segment is named twice: "
+                             "the log is corrupt or hostile", [thread])
+                break
+            seen.add(oid)
             data = get(oid, "segment", None)
             if data is None:
                 continue
@@ -382,8 +388,9 @@ class _Audit:
                 self.problem("mismatch", "segment", oid, key, "a log segment does not descend "
                              "in level: the log is corrupt", [thread])
                 continue
-            entries[:0] = list(seg.entries)
-            todo.extend((c, seg.level) for c in seg.children)
+            entries.extend(seg.entries)
+            todo.extend((c, seg.level) for c in reversed(seg.children))
+        entries.extend(head.tail)
         ids = {e.id for e in entries}
         if head.head is not None and head.head not in ids:
             self.problem("dangling_ref", "ref", head.head, key,
