@@ -427,6 +427,15 @@ class MemoryBackend(Backend):
         except FileNotFoundError:
             raise NotFoundError(f"{key} does not exist in {self.url}") from None
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Reads from the process's memory: one after the other, no thread pool."""
+        out: dict[str, bytes | None] = {}
+        store = self.fs.store
+        for key in keys:
+            f = store.get(self._path(key))
+            out[key] = None if f is None else bytes(f.getbuffer())
+        return out
+
     def put_many(self, items: dict[str, bytes]) -> None:
         with self._lock:
             for key, data in items.items():
