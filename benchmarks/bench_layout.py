@@ -223,32 +223,35 @@ def cold_ms(kind: str, path: str) -> float:
     return statistics.median(out)
 
 
-def local_section(sizes: list[int]) -> list[list[Any]]:
-    from langgraph.checkpoint.memory import InMemorySaver
+def local_rows(n: int) -> list[list[Any]]:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    rows = []
-    for n in sizes:
-        tmp = tempfile.mkdtemp()
-        db = os.path.join(tmp, "lg.sqlite")
-        sq = SqliteSaver(sqlite3.connect(db, check_same_thread=False))
-        sq_save, sq_load = steady(n, lambda m, k: lg_put(sq, "t", m, k), lambda: lg_get(sq, "t"))
-        store = CheckpointStore.open(os.path.join(tmp, "cas"))
-        cas_save, cas_load = steady(n, lambda m, k: store.save("t", {"messages": m}),
-                                    lambda: store.load("t"))
-        cas_cold, sq_cold = cold_ms("cas", os.path.join(tmp, "cas")), cold_ms("sqlite", db)
-        whole = states(n, seed=9)
-        first_cas = timed(lambda: store.save(f"w-{uuid.uuid4().hex}", {"messages": whole}), 5)
-        first_sq = timed(lambda: lg_put(sq, f"w-{uuid.uuid4().hex}", whole, 0), 5)
-        rows += [
-            [f"local save, {n:,}", f"{cas_save:.2f}", f"{sq_save:.2f}", f"{cas_save / sq_save:.2f}x"],
-            [f"local warm load, {n:,}", f"{cas_load:.2f}", f"{sq_load:.2f}",
-             f"{cas_load / sq_load:.2f}x"],
-            [f"local load in a new process, {n:,}", f"{cas_cold:.1f}", f"{sq_cold:.1f}",
-             f"{cas_cold / sq_cold:.2f}x"],
-            [f"first save of a whole {n:,}-message state", f"{first_cas:.2f}",
-             f"{first_sq:.2f}", f"{first_cas / first_sq:.2f}x"],
-        ]
+    tmp = tempfile.mkdtemp()
+    db = os.path.join(tmp, "lg.sqlite")
+    sq = SqliteSaver(sqlite3.connect(db, check_same_thread=False))
+    sq_save, sq_load = steady(n, lambda m, k: lg_put(sq, "t", m, k), lambda: lg_get(sq, "t"))
+    store = CheckpointStore.open(os.path.join(tmp, "cas"))
+    cas_save, cas_load = steady(n, lambda m, k: store.save("t", {"messages": m}),
+                                lambda: store.load("t"))
+    cas_cold, sq_cold = cold_ms("cas", os.path.join(tmp, "cas")), cold_ms("sqlite", db)
+    whole = states(n, seed=9)
+    first_cas = timed(lambda: store.save(f"w-{uuid.uuid4().hex}", {"messages": whole}), 5)
+    first_sq = timed(lambda: lg_put(sq, f"w-{uuid.uuid4().hex}", whole, 0), 5)
+    return [
+        [f"local save, {n:,}", f"{cas_save:.2f}", f"{sq_save:.2f}", f"{cas_save / sq_save:.2f}x"],
+        [f"local warm load, {n:,}", f"{cas_load:.2f}", f"{sq_load:.2f}",
+         f"{cas_load / sq_load:.2f}x"],
+        [f"local load in a new process, {n:,}", f"{cas_cold:.1f}", f"{sq_cold:.1f}",
+         f"{cas_cold / sq_cold:.2f}x"],
+        [f"first save of a whole {n:,}-message state", f"{first_cas:.2f}", f"{first_sq:.2f}",
+         f"{first_cas / first_sq:.2f}x"],
+    ]
+
+
+def local_section(sizes: list[int]) -> list[list[Any]]:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    rows = [row for n in sizes for row in local_rows(n)]
     mem = InMemorySaver()
     m_save, m_load = steady(100, lambda m, k: lg_put(mem, "t", m, k), lambda: lg_get(mem, "t"))
     url = f"memory://bench-{uuid.uuid4().hex}"
@@ -268,7 +271,7 @@ def throughput_section() -> list[list[Any]]:
         value: Any = (random.randbytes(8 << 20).hex() if kind == "str"
                       else random.randbytes(16 << 20))
         store = CheckpointStore.open(tempfile.mkdtemp())
-        ms = timed(lambda v=value: store.save(f"t-{uuid.uuid4().hex}", {"v": v}), 3)
+        ms = timed(lambda v=value, s=store: s.save(f"t-{uuid.uuid4().hex}", {"v": v}), 3)
         rows.append([f"save of a 16 MB {kind} value, local", f"{16 / ms * 1000:.0f} MB/s"])
     script = ("import os,tempfile,tracemalloc;from cas_checkpoint import CheckpointStore,codec;"
               "s={'docs':[os.urandom(50000).hex() for _ in range(1100)]};"
