@@ -170,6 +170,7 @@ class _SeqMemo:
     groups: list[tuple[int, ObjectId, bool]]  # (items up to, leaf id, closed by a cut)
     leaves: dict[ObjectId, bytes]
     group_ends: list[int]  # end offset in ``body`` of each group
+    target: int  # the leaf size the groups were cut for
 
 
 @dataclass(slots=True)
@@ -258,7 +259,7 @@ class _Builder:
             self.nest -= 1
 
     def sequence(self, value: list[Any], data: bytes | memoryview, shape: int) -> _Inline:
-        if self.memo is not None and len(value) < LONG_LIST and len(data) <= MEMO_MAX:
+        if self.memo is not None and len(data) <= MEMO_MAX:
             got = self._sequence_memo(value, bytes(data), shape)
             if got is not None:
                 return got
@@ -290,9 +291,13 @@ class _Builder:
 
     def _sequence_memo(self, value: list[Any], data: bytes, shape: int) -> _Inline | None:
         """``sequence`` for a list of small items, reusing the leaves of the remembered list
-        whose encoding starts the same way (an append re-hashes only the new tail)."""
+        whose encoding starts the same way (an append re-hashes only the new tail). For a long
+        list the remembered leaves are its closed regions; the open region at its end is cut
+        again each time (it is small)."""
         memo = self.memo
         assert memo is not None
+        long = len(value) >= LONG_LIST
+        target = LONG_LEAF_TARGET if long else LEAF_TARGET
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
         unpacker.feed(data)
         if unpacker.read_array_header() != len(value):
@@ -305,7 +310,7 @@ class _Builder:
         ends: list[int] = []
         leaves: dict[ObjectId, bytes] = {}
         start = 0
-        if old is not None:
+        if old is not None and old.target == target:
             same = _common_prefix(body, old.body)
             # every group but perhaps the last was closed by a cut: keep those within the
             # common prefix
@@ -335,17 +340,21 @@ class _Builder:
             pos = end
             ends.append(offset + end)
         upto = start
-        for group in self._groups(items, LEAF_TARGET):
+        tail: list[ObjectId] = []
+        for group in self._groups(items, target):
             upto += len(group)
+            closed = self._cuts(group[-1], target) or len(group) >= LEAF_MAX_ITEMS
+            if long and not closed:  # the open region of a long list: small leaves
+                tail = self._leaves(group, array_header, LONG_TAIL_TARGET)
+                break
             leaf = self._leaf(group, array_header)
             leaves[leaf] = self.objects[leaf]
-            closed = self._cuts(group[-1], LEAF_TARGET) or len(group) >= LEAF_MAX_ITEMS
             groups.append((upto, leaf, closed))
         for leaf, leaf_data in leaves.items():
             self.objects[leaf] = leaf_data
         memo.remember_seq(key, _SeqMemo(body, ends, groups, leaves,
-                                        [ends[g[0] - 1] for g in groups]))
-        return self._index([g[1] for g in groups], shape)
+                                        [ends[g[0] - 1] for g in groups], target))
+        return self._index([g[1] for g in groups] + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
         unpacker = _scanner(data)

@@ -236,6 +236,11 @@ def test_a_memo_never_changes_what_is_built() -> None:
 
     rng = random.Random(7)
     memo = tree.Memo()
+    long = [message(i) for i in range(tree.LONG_LIST + 20)]
+    for step in range(12):  # a long list: closed regions reused, the open one cut again
+        long.append(message(50_000 + step)) if step % 3 else long.pop(rng.randrange(len(long)))
+        got, want = tree.build(long, memo=memo), tree.build(long)
+        assert got.root == want.root and got.objects == want.objects, step
     items = [message(i) for i in range(400)]
     other = [message(i) for i in range(50)]
     for step in range(60):
