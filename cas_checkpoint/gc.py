@@ -522,7 +522,9 @@ def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
         per: dict[str, int] = {}
         for key in now:
             per[key.rsplit("/", 1)[0]] = per.get(key.rsplit("/", 1)[0], 0) + 1
-        c.req["list"] += sum(max(1, math.ceil(per.get(p, 0) / 1000)) for p in prefixes)
+        # as list_many lists them: one request for a small store, else a paginator a prefix
+        c.req["list"] += 1 if len(prefixes) > 8 and len(now) < 1000 else sum(
+            max(1, math.ceil(per.get(p, 0) / 1000)) for p in prefixes)
         ok = [i for i in batch if i.key in now and now[i.key] == i.mtime < cutoff]
         if ok:
             refused = set(backend.delete_many(i.key for i in ok))
