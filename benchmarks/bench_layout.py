@@ -52,11 +52,11 @@ class Requests:
         events.register("after-call.s3", self._end)
         events.register("after-call-error.s3", self._end)
 
-    def _start(self, request: Any, **_: Any) -> None:
+    def _start(self, request: Any, event_name: str = "", **_: Any) -> None:
         span = [time.perf_counter(), float("inf")]
         self.spans.append(span)
         self.open.setdefault(id(request.context), []).append(span)
-        self.ops.append(str(request.context.get("operation_name", "?")))
+        self.ops.append(event_name.rsplit(".", 1)[-1] or "?")
 
     def _end(self, context: Any = None, **_: Any) -> None:
         spans = self.open.get(id(context)) if context is not None else None
