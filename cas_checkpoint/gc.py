@@ -65,6 +65,11 @@ class ThreadPrune:
     thread_id: str
     kept: tuple[CheckpointId, ...]
     removed: tuple[CheckpointId, ...]
+    reasons: dict[str, int] = field(default_factory=dict)  # kept checkpoints per rule
+
+
+RULES = ("head", "last", "recent", "labeled", "tagged")
+"""Why a checkpoint is kept, in the order rules are tried (each is counted under the first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,32 +85,62 @@ class PruneReport:
     def removed(self) -> int:
         return sum(len(t.removed) for t in self.threads.values())
 
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Kept checkpoints per rule (``head``, ``last``, ``recent``, ``labeled``,
+        ``tagged``), each counted under the first rule that keeps it."""
+        out = dict.fromkeys(RULES, 0)
+        for t in self.threads.values():
+            for rule, n in t.reasons.items():
+                out[rule] += n
+        return out
+
     def to_text(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         lines = [f"{t}: kept {len(p.kept)}, {verb} {len(p.removed)}"
                  for t, p in sorted(self.threads.items())]
-        lines.append(f"total: kept {self.kept}, {verb} {self.removed} checkpoints in "
-                     f"{len(self.threads)} threads (objects stay until gc)")
+        why = ", ".join(f"{n} {rule}" for rule, n in self.reasons.items() if n)
+        lines.append(f"total: kept {self.kept} ({why or 'none'}), {verb} {self.removed} "
+                     f"checkpoints in {len(self.threads)} threads (objects stay until repack "
+                     "and gc)")
         return "\n".join(lines)
 
 
 def select(entries: list[LogEntry], head_id: CheckpointId | None, *, keep_last: int | None,
-           older_than: timedelta | None, keep_labeled: bool,
-           now: float) -> tuple[list[LogEntry], list[LogEntry]]:
+           older_than: timedelta | None, keep_labeled: bool, now: float,
+           keep_tags: frozenset[str] = frozenset(), reasons: dict[str, int] | None = None,
+           ) -> tuple[list[LogEntry], list[LogEntry]]:
     """(kept, removed), both in log order. A checkpoint is kept if any rule keeps it: it is the
-    head; it has a label or a tag (with ``keep_labeled``); it is one of the last ``keep_last``;
-    it was created less than ``older_than`` before ``now``."""
+    head; it is one of the last ``keep_last``; it was created less than ``older_than`` before
+    ``now``; it has a label (with ``keep_labeled``); it has one of ``keep_tags``. ``reasons``
+    collects how many each rule kept (counted under the first)."""
     cutoff = None if older_than is None else now - older_than.total_seconds()
     n = len(entries)
     kept: list[LogEntry] = []
     removed: list[LogEntry] = []
     for i, e in enumerate(entries):
-        keep = (e.id == head_id
-                or (keep_labeled and (e.label is not None or bool(e.tags)))
-                or (keep_last is not None and i >= n - keep_last)
-                or (cutoff is not None and e.created_at >= cutoff))
-        (kept if keep else removed).append(e)
+        rule = ("head" if e.id == head_id
+                else "last" if keep_last is not None and i >= n - keep_last
+                else "recent" if cutoff is not None and e.created_at >= cutoff
+                else "labeled" if keep_labeled and e.label is not None
+                else "tagged" if keep_tags.intersection(e.tags)
+                else None)
+        if rule is None:
+            removed.append(e)
+        else:
+            kept.append(e)
+            if reasons is not None:
+                reasons[rule] = reasons.get(rule, 0) + 1
     return kept, removed
+
+
+def check_tags(keep_tags: object) -> frozenset[str]:
+    if isinstance(keep_tags, str) or not isinstance(keep_tags, Iterable):
+        raise InvalidArgumentError("keep_tags must be a list of tags, e.g. keep_tags=['milestone']")
+    tags = frozenset(keep_tags)
+    if not all(isinstance(t, str) for t in tags):
+        raise InvalidArgumentError("every tag in keep_tags must be a str")
+    return tags
 
 
 def check_policy(keep_last: object, older_than: object) -> None:
@@ -131,20 +166,23 @@ class _Unchanged(Exception):
 
 def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
                  older_than: timedelta | None, keep_labeled: bool, dry_run: bool,
-                 now: float) -> ThreadPrune | None:
+                 now: float, keep_tags: frozenset[str] = frozenset()) -> ThreadPrune | None:
     """Prune one thread by compare-and-swap (None if the thread does not exist)."""
     ref = refs.read(thread_id)
     if ref is None or ref.head.head is None:
         return None
     policy: dict[str, Any] = {"keep_last": keep_last, "older_than": older_than,
-                              "keep_labeled": keep_labeled, "now": now}
-    kept, removed = select(refs.entries(ref.head), ref.head.head, **policy)
+                              "keep_labeled": keep_labeled, "now": now, "keep_tags": keep_tags}
+    reasons: dict[str, int] = {}
+    kept, removed = select(refs.entries(ref.head), ref.head.head, reasons=reasons, **policy)
     if not dry_run and removed:
         def change(cur: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
             nonlocal kept, removed
             if cur is None or cur.head.head is None:
                 raise _Gone
-            kept, removed = select(refs.entries(cur.head), cur.head.head, **policy)
+            reasons.clear()
+            kept, removed = select(refs.entries(cur.head), cur.head.head, reasons=reasons,
+                                   **policy)
             if not removed:
                 raise _Unchanged
             new: dict[ObjectId, bytes] = {}
@@ -156,17 +194,20 @@ def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
             return None
         except _Unchanged:
             pass
-    return ThreadPrune(thread_id, tuple(e.id for e in kept), tuple(e.id for e in removed))
+    return ThreadPrune(thread_id, tuple(e.id for e in kept), tuple(e.id for e in removed),
+                       dict(reasons))
 
 
 def prune(refs: RefStore, threads: Iterable[str], *, keep_last: int | None,
-          older_than: timedelta | None, keep_labeled: bool, dry_run: bool) -> PruneReport:
+          older_than: timedelta | None, keep_labeled: bool, dry_run: bool,
+          keep_tags: Iterable[str] = ()) -> PruneReport:
     check_policy(keep_last, older_than)
+    tags = check_tags(keep_tags)
     now = time.time()
     report = PruneReport(dry_run)
     for thread in threads:
         got = prune_thread(refs, thread, keep_last=keep_last, older_than=older_than,
-                           keep_labeled=keep_labeled, dry_run=dry_run, now=now)
+                           keep_labeled=keep_labeled, dry_run=dry_run, now=now, keep_tags=tags)
         if got is not None:
             report.threads[thread] = got
     return report

@@ -562,16 +562,18 @@ class CheckpointStore:
 
     def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
               older_than: timedelta | None = None, keep_labeled: bool = True,
-              dry_run: bool = False) -> gcmod.PruneReport:
+              keep_tags: Iterable[str] = (), dry_run: bool = False) -> gcmod.PruneReport:
         """Drop checkpoints from threads' logs (every thread when ``thread_id`` is None). Kept:
-        the head, the last ``keep_last`` checkpoints, those created within ``older_than``, and
-        (with ``keep_labeled``) those with a label or tags. Refs only, by compare-and-swap (a
-        concurrent save is never lost); no object is deleted until gc()."""
+        the head, the last ``keep_last`` checkpoints, those created within ``older_than``, (with
+        ``keep_labeled``, the default) those with a label, and those with one of ``keep_tags``
+        (tags alone keep nothing unless listed). ``report.reasons`` counts what each rule kept.
+        Refs only, by compare-and-swap (a concurrent save is never lost); no object is deleted
+        until repack() and gc()."""
         threads = self.threads() if thread_id is None else [thread_id]
         if thread_id is not None:
             self._ref(thread_id)
         report = gcmod.prune(self.refs, threads, keep_last=keep_last, older_than=older_than,
-                             keep_labeled=keep_labeled, dry_run=dry_run)
+                             keep_labeled=keep_labeled, dry_run=dry_run, keep_tags=keep_tags)
         for t in report.threads:
             self._known.pop(t, None)
         if report.removed:

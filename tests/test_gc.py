@@ -93,11 +93,26 @@ def test_prune_keep_last_keeps_head_and_last_n(store: CheckpointStore) -> None:
 def test_prune_keeps_labeled_unless_told_and_always_the_head(store: CheckpointStore) -> None:
     ids = [store.save("t", state(i), label="x" if i == 1 else None,
                       tags=["keep"] if i == 3 else ()).id for i in range(6)]
-    store.prune("t", keep_last=1)
-    assert {c.id for c in store.history("t")} == {ids[1], ids[3], ids[5]}
+    report = store.prune("t", keep_last=1)  # labelled ones stay; a tag alone keeps nothing
+    assert {c.id for c in store.history("t")} == {ids[1], ids[5]}
+    assert report.reasons == {"head": 1, "last": 0, "recent": 0, "labeled": 1, "tagged": 0}
+    assert "1 head, 1 labeled" in report.to_text()
     store.prune("t", keep_last=0, keep_labeled=False)
     assert [c.id for c in store.history("t")] == [ids[5]]  # the head stays, whatever the policy
     assert store.count("t") == 1
+
+
+def test_prune_keeps_tags_only_when_asked(store: CheckpointStore) -> None:
+    """A loop that tags every step (as the README's example does) still prunes with keep_last;
+    keep_tags lists the tags that keep a checkpoint."""
+    ids = [store.save("t", state(i), tags=["tool", "milestone" if i in (2, 5) else "step"]).id
+           for i in range(12)]
+    dry = store.prune("t", keep_last=3, keep_tags=["milestone"], dry_run=True)
+    assert dry.reasons["tagged"] == 2 and dry.reasons["head"] + dry.reasons["last"] == 3
+    report = store.prune("t", keep_last=3)
+    assert report.removed == 9 and [c.id for c in store.history("t")] == ids[:-4:-1]
+    with pytest.raises(InvalidArgumentError, match="keep_tags"):
+        store.prune("t", keep_last=1, keep_tags="milestone")
 
 
 def test_prune_head_kept_after_rewind(store: CheckpointStore) -> None:
