@@ -150,8 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(args)
         elif args.command == "threads":
             store = CheckpointStore.open(args.store)
-            for thread in store.threads():
-                print(f"{thread}\t{store.count(thread)} checkpoints")
+            damaged = 0
+            for thread in store.threads():  # one damaged ref does not hide the others
+                try:
+                    print(f"{thread}\t{store.count(thread)} checkpoints")
+                except CasError as exc:
+                    damaged += 1
+                    print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
+            return 1 if damaged else 0
     except CasError as exc:
         print(f"cas-checkpoint: error: {exc}", file=sys.stderr)
         return 2

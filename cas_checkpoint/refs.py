@@ -31,7 +31,13 @@ import blake3
 
 from . import packing
 from .backend import Backend, RefMismatch
-from .errors import ConflictError, FormatError, InvalidArgumentError, StorageError
+from .errors import (
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+    StorageError,
+)
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Peak, Segment, object_id
 from .objstore import ObjectStore, View
 
@@ -151,7 +157,11 @@ class RefStore:
         if last is not None and last[0] == got[0]:  # the same bytes: the same (checked) head
             head = last[1]
         else:
-            head = Head.decode(got[0], key)
+            try:
+                head = Head.decode(got[0], key)
+            except FormatError as exc:
+                raise FormatError(f"the ref {key} of thread {thread_id[:200]!r} is damaged: "
+                                  f"{exc} (run `cas-checkpoint verify`)") from None
             if len(self._decoded) > 1024:
                 self._decoded.clear()
             self._decoded[key] = (got[0], head)
@@ -170,11 +180,15 @@ class RefStore:
                             "verify`)", info.key, self.backend.url)
                 continue
             if is_hashed_key(info.key):  # a long id: its head holds it
-                got = self.backend.read_ref(info.key)
-                if got is not None:
-                    long_id = Head.decode(got[0], info.key).thread_id
-                    if info.key == thread_key(long_id):
-                        out.append(long_id)
+                try:
+                    got = self.backend.read_ref(info.key)
+                    long_id = None if got is None else Head.decode(got[0], info.key).thread_id
+                except (FormatError, IntegrityError) as exc:
+                    log.warning("%s in %s is damaged, its thread is not listed: %s (run "
+                                "`cas-checkpoint verify`)", info.key, self.backend.url, exc)
+                    continue
+                if long_id is not None and info.key == thread_key(long_id):
+                    out.append(long_id)
                 continue
             thread = thread_from_key(info.key)
             if thread is not None and info.key == thread_key(thread):

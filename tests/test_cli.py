@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +63,23 @@ def test_console_script_entry_point(tmp_path: Path) -> None:
                            str(tmp_path / "d")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "research-agent" in proc.stdout
+
+
+def test_threads_lists_the_healthy_and_names_a_damaged_ref(tmp_path: Any, capsys: Any) -> None:
+    from cas_checkpoint import FormatError
+    from cas_checkpoint.refs import thread_key
+
+    url = str(tmp_path / "s")
+    store = CheckpointStore.open(url)
+    for t in ("a", "b", "c"):
+        store.save(t, {"t": t})
+    path = os.path.join(url, *thread_key("b").split("/"))
+    with open(path, "r+b") as f:
+        f.write(b"XXXXX")  # its header: not a ref any more
+    assert CheckpointStore.open(url).threads() == ["a", "b", "c"]
+    with pytest.raises(FormatError, match=r"refs/heads/\w+ of thread 'b' is damaged"):
+        CheckpointStore.open(url).count("b")
+    assert main(["threads", url]) == 1
+    out, err = capsys.readouterr()
+    assert "a\t1 checkpoints" in out and "c\t1 checkpoints" in out and "b\t" not in out
+    assert "thread 'b'" in err and thread_key("b") in err
