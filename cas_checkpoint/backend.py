@@ -505,7 +505,8 @@ class MemoryBackend(Backend):
 
 
 def open_backend(url: str, storage_options: dict[str, Any] | None = None,
-                 *, allow_unsafe: bool = False) -> Backend:
+                 *, allow_unsafe: bool = False, retries: int | None = None,
+                 timeout: float | None = None) -> Backend:
     """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidArgumentError("the store URL is empty; pass a directory path, "
@@ -516,17 +517,24 @@ def open_backend(url: str, storage_options: dict[str, Any] | None = None,
     protocol, path = split_protocol(url)
     if protocol in (None, "file", "local"):
         return LocalBackend(path)
+    options = dict(storage_options or {})
+    if timeout is not None and protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        options["config_kwargs"] = config
     try:
-        fs = fsspec.filesystem(protocol, **(storage_options or {}))
+        fs = fsspec.filesystem(protocol, **options)
     except (ImportError, ValueError) as exc:
         raise InvalidArgumentError(
             f"cannot open {url!r}: {exc}. For s3:// install the extra: pip install "
             "'cas_checkpoint[s3]'"
         ) from exc
-    return backend_for(fs, path, allow_unsafe=allow_unsafe)
+    return backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
 
 
-def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False) -> Backend:
+def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
+                retries: int | None = None) -> Backend:
     """A backend over an fsspec filesystem object and a root path inside it."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "file" in protocols or "local" in protocols:
@@ -536,7 +544,7 @@ def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False) -> Backend:
     if "s3" in protocols or "s3a" in protocols:
         from .backend_s3 import S3Backend
 
-        return S3Backend(fs, root, allow_unsafe=allow_unsafe)
+        return S3Backend(fs, root, allow_unsafe=allow_unsafe, retries=retries)
     raise InvalidArgumentError(
         f"filesystem {protocols[0]!r} is not supported yet: cas_checkpoint needs atomic "
         "compare-and-swap for refs, which it implements for local disk, memory:// and s3://"

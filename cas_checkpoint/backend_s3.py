@@ -29,7 +29,7 @@ from fsspec.asyn import sync
 
 from .backend import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
 from .errors import CasError, FormatError, NotFoundError, StorageError, UnsafeStorageError
-from .retry import Backoff, error_code, is_precondition, is_transient
+from .retry import Backoff, error_code, is_connection_error, is_precondition, is_transient
 
 log = logging.getLogger("cas_checkpoint")
 T = TypeVar("T")
@@ -46,7 +46,12 @@ class S3Backend(Backend):
     concurrency = 32
     backoff = Backoff()  # our retries, on top of botocore's and s3fs's own
 
-    def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False) -> None:
+    def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
+                 retries: int | None = None) -> None:
+        if retries is not None:
+            self.backoff = Backoff(attempts=retries)
+        self._answered = False  # the endpoint answered once: then a failed connection is a
+        #                         blip worth retrying; before, it is a wrong URL: fail fast
         self.fs = fs
         root = root.strip("/")
         self.bucket, _, prefix = root.partition("/")
@@ -80,7 +85,11 @@ class S3Backend(Backend):
             "InvalidAccessKeyId": "check the credentials",
             "SignatureDoesNotMatch": "check the secret key",
         }.get(code, "check the endpoint, credentials and network, then retry")
-        if is_transient(exc):
+        if is_connection_error(exc) and not self._answered:
+            hint = ("the endpoint could not be reached at all (refused, unknown host or no "
+                    "answer); check the URL, endpoint_url / AWS_ENDPOINT_URL, the network and "
+                    "that the server runs. Nothing was written")
+        elif is_transient(exc):
             hint = (f"the storage kept failing after {self.backoff.attempts} attempts with "
                     "backoff (and botocore's own retries); check the endpoint and network, then "
                     "retry: nothing half-written is ever visible")
@@ -91,10 +100,14 @@ class S3Backend(Backend):
         jitter); a permanent failure or a precondition failure is raised at once."""
         for attempt in range(self.backoff.attempts):
             try:
-                return await call()
+                result = await call()
+                self._answered = True
+                return result
             except Exception as exc:
                 if attempt + 1 >= self.backoff.attempts or not is_transient(exc):
                     raise
+                if not self._answered and is_connection_error(exc):
+                    raise  # never reached: a wrong endpoint or a server that is down
                 log.debug("%s on %s: transient %s: %s; retrying (attempt %d)", what, self.url,
                           type(exc).__name__, exc, attempt + 1)
             await asyncio.sleep(self.backoff.delay(attempt))

@@ -77,6 +77,19 @@ def is_precondition(exc: BaseException) -> bool:
             or error_status(exc) == 412)
 
 
+def is_connection_error(exc: BaseException) -> bool:
+    """The endpoint could not be reached at all: refused, unknown host, connect timeout."""
+    for e in _chain(exc):
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionRefusedError",
+                    "gaierror", "ClientConnectorError"}:
+            return True
+        if isinstance(e, OSError) and e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
+                                                  errno.ENETUNREACH):
+            return True
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """A storage failure worth retrying (timeouts, resets, 5xx, throttling)."""
     code, status = error_code(exc), error_status(exc)

@@ -163,17 +163,30 @@ class CheckpointStore:
     def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
              types: Iterable[type] = (), allow_unsafe: bool = False,
              keep_last: int | None = None, cache_dir: str | Any | None = None,
-             cache_bytes: int = CACHE_BYTES) -> CheckpointStore:
+             cache_bytes: int = CACHE_BYTES, retries: int | None = None,
+             timeout: float | None = None) -> CheckpointStore:
         """Open (creating if needed) the store at ``url``. ``types`` lists the dataclasses,
         pydantic models and enums that states may hold; nothing else is ever constructed.
         ``keep_last=N`` prunes each thread as it is saved to, keeping its last N checkpoints
         (and labelled/tagged ones); off by default, so no history is dropped unasked.
         Packs read are kept in memory (``cache_bytes``, LRU) and, with ``cache_dir``, in that
         local folder too (for S3 stores: a new process then reads its packs from disk). Packs
-        are immutable and re-hashed when read back, so neither cache can go stale."""
+        are immutable and re-hashed when read back, so neither cache can go stale.
+        Object storage: ``retries`` bounds this library's attempts at a failing request (6 by
+        default; throttling and 5xx wait with exponential backoff, up to 2 s apart; an
+        endpoint that never answered is not retried: a wrong URL fails in seconds), and
+        ``timeout`` sets the connect and read timeouts, in seconds."""
+        if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
+                                    or not 1 <= retries <= 100):
+            raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidArgumentError(f"timeout must be a positive number of seconds, not "
+                                       f"{timeout!r}")
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
-        store._init(open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe),
+        store._init(open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe,
+                                 retries=retries, timeout=timeout),
                     types, keep_last, cache_dir, cache_bytes)
         return store
 

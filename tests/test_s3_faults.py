@@ -15,7 +15,7 @@ import pytest
 from _faultproxy import KINDS, FaultProxy
 from _soak import check_store, make_state, run_all, soak
 
-from cas_checkpoint import CheckpointStore, StorageError, UnsafeStorageError
+from cas_checkpoint import CasError, CheckpointStore, StorageError, UnsafeStorageError
 
 
 def _options(server: dict[str, Any], endpoint: str, timeout: float = 1.0) -> dict[str, Any]:
@@ -198,3 +198,55 @@ def test_connection_errors_are_transient() -> None:
     assert not is_transient(ValueError("bad"))
     b = Backoff(attempts=5, base=0.1, cap=0.3)
     assert all(0 <= b.delay(n) <= min(0.3, 0.1 * 2 ** n) for n in range(40))
+
+
+def test_an_endpoint_that_never_answers_is_not_retried(moto_server: dict[str, Any],
+                                                       monkeypatch: Any) -> None:
+    """A refused connection before the endpoint ever answered is a wrong URL or a server that
+    is down: this library does not retry it (botocore's and s3fs's own retries remain), and the
+    error says what to check. Counted in calls, not in seconds."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = _options(moto_server, f"http://127.0.0.1:{port}")
+    store = CheckpointStore.open("s3://cas-test/never", storage_options=opts)
+    fs = store.backend.fs  # type: ignore[attr-defined]
+    real, calls = fs._call_s3, []
+
+    async def counted(method: str, *a: Any, **kw: Any) -> Any:
+        calls.append(method)
+        return await real(method, *a, **kw)
+
+    monkeypatch.setattr(fs, "_call_s3", counted)
+    with pytest.raises(StorageError, match="could not be reached at all"):
+        store.save("t", {"a": 1})
+    assert calls == ["get_object"]  # read the ref once: no retry of ours
+
+
+def test_retries_bounds_the_attempts_at_a_failing_request(moto_server: dict[str, Any]) -> None:
+    """Every request answered 503 SlowDown: the store makes ``retries`` attempts (each of which
+    s3fs and botocore may retry on their own a fixed number of times): 3 attempts cost three
+    times the requests of 1."""
+    proxy = FaultProxy(moto_server["endpoint"])
+    seen = {}
+    try:
+        opts = _options(moto_server, proxy.endpoint)
+        opts["config_kwargs"]["retries"] = {"max_attempts": 1, "mode": "standard"}
+        for retries in (1, 3):
+            proxy.every, proxy._cycle = 0, iter(())
+            store = CheckpointStore.open(f"s3://cas-test/retries-{uuid.uuid4().hex[:6]}",
+                                         storage_options=opts, retries=retries, timeout=5)
+            store.save("t", {"a": 1})  # the endpoint answered: later failures are retried
+            proxy.every, proxy._cycle = 1, iter(lambda: "503", None)  # every request: SlowDown
+            before = proxy.requests
+            fresh = CheckpointStore.open(store.url, storage_options=opts, retries=retries)
+            with pytest.raises(StorageError, match=f"after {retries} attempts"):
+                fresh.count("t")
+            seen[retries] = proxy.requests - before
+    finally:
+        proxy.close()
+    assert seen[1] >= 1 and seen[3] == 3 * seen[1], seen
+    with pytest.raises(CasError):
+        CheckpointStore.open("memory://x", retries=0)
