@@ -131,9 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("verify", help="audit a store: exit 0 if intact, 1 if damaged, 2 if "
                        "it could not be read")
     p.add_argument("store")
-    p.add_argument("--deep", action="store_true", help="also re-hash every state node")
+    p.add_argument("--deep", action="store_true",
+                   help="also re-hash the objects of every pack that no checkpoint reaches")
     p.add_argument("--sample", type=float, default=None, metavar="F",
-                   help="with --deep (implied): re-hash a random fraction F of the nodes")
+                   help="with --deep (implied): re-hash a random fraction F of those objects")
     p.add_argument("--thread", default=None, help="check this thread only")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--progress", action="store_true",

@@ -564,10 +564,11 @@ class CheckpointStore:
 
     def verify(self, *, deep: bool = True, sample: float | None = None,
                thread_id: str | None = None, progress: Progress | None = None) -> VerifyReport:
-        """Audit the store: every ref, log, record and state node a ref reaches exists and
-        agrees with what names it; ``deep`` also re-hashes every object (or a random ``sample``
-        fraction of the state nodes). Problems name the threads and checkpoints they break;
-        ``report.ok``, ``report.to_text()``, ``report.to_json()``."""
+        """Audit the store: every ref, pack, log segment, record and state node a ref reaches
+        exists, re-hashes to its name and agrees with what names it; ``deep`` also re-hashes
+        every object no checkpoint reaches (or a random ``sample`` fraction of them). Problems
+        name the threads and checkpoints they break; ``report.ok``, ``report.to_text()``,
+        ``report.to_json()``."""
         return _verify(self.backend, self.refs, deep=deep, sample=sample, thread_id=thread_id,
                        progress=progress)
 
