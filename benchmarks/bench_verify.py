@@ -37,15 +37,15 @@ def build(path: str, mb: int, item_kb: int) -> CheckpointStore:
 
 
 def sequential_hash(root: str) -> tuple[int, int]:
-    """Read every object file one after another and check its BLAKE3 name: (files, bytes)."""
+    """Read every pack file one after another and check its BLAKE3 name: (files, bytes)."""
     files = total = 0
-    base = os.path.join(root, "objects")
+    base = os.path.join(root, "packs")
     for folder in sorted(os.listdir(base)):
         for name in sorted(os.listdir(os.path.join(base, folder))):
             with open(os.path.join(base, folder, name), "rb") as f:
                 data = f.read()
             if blake3.blake3(data).hexdigest() != folder + name:
-                raise SystemExit(f"object {folder}/{name} is damaged")
+                raise SystemExit(f"pack {folder}/{name} is damaged")
             files += 1
             total += len(data)
     return files, total
