@@ -83,14 +83,81 @@ def hang_in_ref(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     out("done")
 
 
+def trace_merges() -> set[str]:
+    """Print ``merge`` when a save has staged a merge (before its packs and ref are written),
+    so a test can tell a kill that landed in the middle of a merge; returns the merged pack ids
+    staged so far (filled as saves go)."""
+    from cas_checkpoint import packing
+
+    merged: set[str] = set()
+    real = packing.stage
+
+    def stage(head: Any, new: Any, read: Any, inline_max: int = packing.INLINE_MAX) -> Any:
+        staged, written = real(head, new, read, inline_max)
+        ids = {p.id for p in staged.packs if p.level > 0 and p.id in written}
+        if ids:
+            merged.update(ids)
+            out("merge", len(ids))
+        return staged, written
+
+    packing.stage = stage  # type: ignore[assignment]
+    return merged
+
+
+def hang_in_merge(store: CheckpointStore, cfg: dict[str, Any]) -> None:
+    """Save in a loop (``inline_max`` tiny: merges come fast) and stop for good inside the
+    first save that merges packs, at ``cfg["at"]``: ``before_pack`` (nothing of it written),
+    ``in_pack`` (local disk: the merged pack's temp file written and fsynced, not linked) or
+    ``before_ref`` (the merged pack written, the ref not yet), until killed."""
+    import cas_checkpoint.backend as backend
+    from cas_checkpoint.objstore import key_pack_id
+
+    at = cfg["at"]
+    merged = trace_merges()
+
+    def hang(what: str) -> None:
+        out("hung", what)
+        time.sleep(3600)
+
+    real_put = store.backend.put_many
+
+    def put_many(items: dict[str, bytes]) -> None:
+        hit = [k for k in items if key_pack_id(k) in merged]
+        if hit and at == "before_pack":
+            hang(hit[0])
+        real_put(items)
+        if hit and at == "before_ref":
+            hang(hit[0])
+
+    store.backend.put_many = put_many  # type: ignore[method-assign]
+    if at == "in_pack":
+        real_link = os.link
+
+        def link(src: str, dst: str, **kw: Any) -> None:
+            if any(dst.endswith(os.sep + p[2:]) for p in merged):
+                hang(dst)
+            real_link(src, dst, **kw)
+
+        backend.os.link = link  # type: ignore[assignment]
+    thread = cfg["thread"]
+    for i in range(10_000):
+        state = make_state(cfg["writer"], i, cfg.get("pad", 0))
+        info = store.save(thread, state, metadata={"w": cfg["writer"], "i": i})
+        out("ok", thread, info.id, state["sum"])
+    out("done")
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     store = CheckpointStore.open(cfg["url"], storage_options=cfg.get("storage_options"),
                                  allow_unsafe=cfg.get("allow_unsafe", False))
     if cfg.get("inline_max") is not None:  # tiny: a pack every save, merges all the time
         store.refs.inline_max = cfg["inline_max"]
+    if cfg.get("trace_merges"):
+        trace_merges()
     out("ready")
-    {"writer": writer, "reader": reader, "hang_in_ref": hang_in_ref}[cfg["role"]](store, cfg)
+    {"writer": writer, "reader": reader, "hang_in_ref": hang_in_ref,
+     "hang_in_merge": hang_in_merge}[cfg["role"]](store, cfg)
 
 
 if __name__ == "__main__":

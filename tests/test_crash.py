@@ -10,11 +10,12 @@ import random
 import signal
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _soak import check_state, check_store, make_state, soak, spawn
+from _soak import FULL, check_state, check_store, make_state, soak, spawn
 from conftest import open_store
 
 from cas_checkpoint import CheckpointStore, StorageError
@@ -29,18 +30,21 @@ KILLS = soak(15, 200)
 @pytest.mark.parametrize("inline_max", [None, 1])
 def test_killed_writers_lose_nothing(tmp_path: Path, inline_max: int | None) -> None:
     """A child saves in a loop (two threads, states of a few KB) and is SIGKILLed at a random
-    moment; after each kill the store opens, each head loads, every save the child reported as
-    returned is in its thread, and every checkpoint the refs name is complete. With
-    ``inline_max=1`` every save writes a pack and merges run all the time, so kills land in the
-    middle of merges too."""
+    moment; after each kill the store opens, and every checkpoint in every ref loads (a new
+    store object each time: from storage, not a cache; at full size every 10th kill, and the
+    new ones after the others), every save the child reported as
+    returned is in its thread, and every state is complete. With ``inline_max=1`` every save
+    writes a pack and merges run all the time, so kills land in the middle of merges too (the
+    child says when it has staged a merge: a kill before its next ``ok`` landed in one)."""
     rng = random.Random(5 if inline_max is None else 6)
     url = str(tmp_path / "store")
     acked: list[tuple[str, str]] = []
     checked: set[str] = set()
-    attempted = 0
+    attempted = in_merge = 0
     for kill in range(KILLS):
         proc = spawn({"url": url, "role": "writer", "writer": kill, "threads": ["a", "b"],
-                      "n": None, "pad": rng.choice([0, 3000, 40000]), "inline_max": inline_max})
+                      "n": None, "pad": rng.choice([0, 3000, 40000]), "inline_max": inline_max,
+                      "trace_merges": inline_max is not None})
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", proc.stderr
         time.sleep(rng.uniform(0, 0.15))  # when to kill: random, not a timing assertion
@@ -51,26 +55,83 @@ def test_killed_writers_lose_nothing(tmp_path: Path, inline_max: int | None) -> 
         attempted += sum(1 for line in lines if line.startswith("attempt "))
         acked += [(p[1], p[2]) for p in (line.split() for line in lines)
                   if len(p) == 4 and p[0] == "ok"]
+        in_merge += bool(lines) and lines[-1].startswith("merge ")
         store = CheckpointStore.open(url)
         present = set()
+        every = not FULL or kill % 10 == 0  # (full size: the new ones, and all every 10th)
         for thread in store.threads():
             check_state(store.load(thread).state)  # the head is a complete checkpoint
             for h in store.history(thread):  # every log entry's record and state are there
                 present.add((thread, h.id))
-                if h.id not in checked:
+                if every or h.id not in checked:
                     check_state(store.load(thread, h.id).state)
                     checked.add(h.id)
         missing = set(acked) - present
         assert not missing, f"kill {kill}: acknowledged saves lost: {sorted(missing)[:3]}"
     found = check_store(CheckpointStore.open(url), acked)
-    merges = sum(p.level > 0 for t in CheckpointStore.open(url).threads()
-                 for p in CheckpointStore.open(url).refs.read(t).head.packs)  # type: ignore[union-attr]
+    store = CheckpointStore.open(url)
+    merges = sum(p.level > 0 for t in store.threads() for p in store.refs.read(t).head.packs)  # type: ignore[union-attr]
     print(f"\n[soak] crash (inline_max {inline_max}): kills {KILLS}, saves attempted "
-          f"{attempted}, acknowledged {len(acked)}, found {found}, merged packs named {merges}")
+          f"{attempted}, acknowledged {len(acked)}, found {found}, merged packs named {merges}, "
+          f"kills inside a merge {in_merge}")
     assert found >= len(acked) > 0
     assert CheckpointStore.open(url).verify().ok
     if inline_max is not None:
         assert merges > 0  # merges did happen
+        if FULL:
+            assert in_merge > 0  # and some kills landed inside one
+
+
+@pytest.mark.parametrize("kind,at", [("local", "before_pack"), ("local", "in_pack"),
+                                     ("local", "before_ref"), ("s3", "before_ref")])
+def test_killed_inside_a_merge(kind: str, at: str, tmp_path: Path,
+                               request: pytest.FixtureRequest) -> None:
+    """A child saves (every save flushes a pack) and stops for good inside the first save that
+    merges packs: before the merged pack is written, with its temp file written but not linked
+    (local disk), or with it written but the ref not yet moved; then it is SIGKILLed. Every
+    save it reported stays and loads, the killed one is absent, the store verifies, the thread
+    goes on saving and merging, and gc removes what the killed merge left."""
+    store = open_store(kind, tmp_path, request)
+    options = request.getfixturevalue("moto_server")["storage_options"] if kind == "s3" else None
+    before = [store.save("t", make_state(0, i), metadata={"w": 0, "i": i}).id for i in range(2)]
+    proc = spawn({"url": store.url, "storage_options": options, "role": "hang_in_merge",
+                  "at": at, "thread": "t", "writer": 1, "inline_max": 1, "pad": 2000})
+    assert proc.stdout is not None
+    lines = []
+    while not lines or not lines[-1].startswith("hung"):
+        line = proc.stdout.readline()
+        assert line, f"the child ended before it merged: {proc.communicate()[1][-2000:]}"
+        lines.append(line.strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    acked = [("t", cid) for cid in before] + [
+        (p[1], p[2]) for p in map(str.split, lines) if p and p[0] == "ok"]
+    assert len(acked) >= 5  # a merge needs four packs: at least three saves came first
+    fresh = CheckpointStore.open(store.url, storage_options=options)
+    assert fresh.head("t") == acked[-1][1]  # the killed save never landed
+    assert check_store(fresh, acked, states=False) == len(acked)
+    assert [fresh.load("t", c).id for _, c in acked] == [c for _, c in acked]
+    assert fresh.verify().ok
+    garbage = _all_objects_whole(fresh) - {p.id for p in fresh.refs.read("t").head.packs}  # type: ignore[union-attr]
+    if at == "before_ref":
+        assert garbage  # the merged pack (written, never named)
+    if kind == "local":
+        temps = list(Path(store.url).rglob("*.tmp-*"))
+        assert bool(temps) == (at == "in_pack"), temps
+    fresh.refs.inline_max = 1
+    more = [fresh.save("t", make_state(2, i)).id for i in range(5)]  # merges again
+    assert any(p.level > 0 for p in fresh.refs.read("t").head.packs)  # type: ignore[union-attr]
+    if kind == "s3":
+        time.sleep(1.1)  # LastModified has a resolution of one second
+    report = fresh.gc(grace=timedelta(0), force=True)
+    assert garbage <= set(report.deleted)
+    if kind == "local":
+        assert report.temp_files == (at == "in_pack")
+        assert not list(Path(store.url).rglob("*.tmp-*"))
+    last = CheckpointStore.open(store.url, storage_options=options)
+    assert _all_objects_whole(last) == {p.id for p in last.refs.read("t").head.packs}  # type: ignore[union-attr]
+    assert [h.id for h in last.history("t")] == more[::-1] + [c for _, c in acked][::-1]
+    check_store(last, acked)
 
 
 def test_lock_of_a_killed_writer_is_released(tmp_path: Path) -> None:

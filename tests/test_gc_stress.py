@@ -7,7 +7,6 @@ Size from ``CAS_SOAK``: ``small`` (the default, what CI runs) or ``full``.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import random
 import tempfile
 import time
@@ -16,14 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from _soak import FULL, check_state, check_store, finish, make_state, spawn
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cas_checkpoint import CheckpointStore, NotFoundError
+from cas_checkpoint.objstore import key_pack_id
 
-SOAK = os.environ.get("CAS_SOAK", "small")
-FULL = SOAK == "full"
+SOAK = "full" if FULL else "small"
 
 
 def pool_state(i: int, scale: float = 1.0) -> dict[str, Any]:
@@ -167,6 +167,103 @@ def test_gc_while_writer_processes_write_s3(moto_server: dict[str, Any]) -> None
     assert totals["rounds"] >= (60 if FULL else 4) and totals["saves"] > 0
 
 
+# --- gc of merged-away packs while writer processes save -------------------------------------
+
+
+def _packs(store: CheckpointStore) -> dict[str, float]:
+    """Every stored pack and its modified time (by the storage's clock)."""
+    return {p: i.mtime for i in store.backend.list("packs") if (p := key_pack_id(i.key))}
+
+
+def _named(store: CheckpointStore) -> set[str]:
+    out: set[str] = set()
+    for thread in store.threads():
+        ref = store.refs.read(thread)
+        if ref is not None:
+            out |= {p.id for p in ref.head.packs}
+    return out
+
+
+def _check_refs(url: str, options: dict[str, Any] | None) -> int:
+    """Every checkpoint of every ref loads, complete, from the packs that ref named when read
+    (only gc deletes packs, and gc does not run during the check)."""
+    store = CheckpointStore.open(url, storage_options=options)
+    n = 0
+    for thread in store.threads():
+        ref = store.refs.read(thread)
+        if ref is None:
+            continue
+        view = store.objects.view(ref.head)
+        for entry in store.refs.entries(ref.head):
+            check_state(store._load(view, entry.id, thread).state)
+            n += 1
+    return n
+
+
+def merge_soak(url: str, options: dict[str, Any] | None, *, writers: int, saves: int,
+               grace: float, pad: int = 300) -> dict[str, int]:
+    """``writers`` processes each make ``saves`` saves over two shared threads and one of
+    their own, every save flushing a pack (``inline_max=1``) so merges run all the time and
+    leave merged-away packs behind; meanwhile this process runs gc with ``grace`` in a loop
+    and loads every checkpoint of every ref after each round. Afterwards every acknowledged
+    save is in its thread and loads; a gc with a long grace keeps every merged-away pack; once
+    they are older than ``grace``, a gc deletes exactly them."""
+    store = CheckpointStore.open(url, storage_options=options)
+    store.save("warm", make_state(99, 0))  # creates the bucket prefix / directory
+    procs = [spawn({"url": url, "storage_options": options, "role": "writer", "writer": w,
+                    "threads": ["shared-0", "shared-1", f"own-{w}"], "n": saves, "pad": pad,
+                    "inline_max": 1}) for w in range(writers)]
+    totals = {"rounds": 0, "deleted_live": 0, "refreshed": 0, "verified": 0}
+    with ThreadPoolExecutor(len(procs)) as pool:  # read their pipes while gc runs
+        futures = [pool.submit(finish, p) for p in procs]
+        while not all(f.done() for f in futures):
+            report = store.gc(grace=timedelta(seconds=grace))
+            totals["rounds"] += 1
+            totals["deleted_live"] += report.deleted_objects
+            totals["refreshed"] += report.refreshed_objects
+            totals["verified"] += _check_refs(url, options)
+            time.sleep(0.05)
+        results = [f.result() for f in futures]
+    for r in results:
+        assert r.done and r.returncode == 0 and not r.errors, (r.errors[:3], r.stderr[-2000:])
+    acked = [(t, cid) for r in results for t, cid, _ in r.acked]
+    assert len(acked) == writers * saves
+    fresh = CheckpointStore.open(url, storage_options=options)
+    totals["checkpoints"] = check_store(fresh, acked)  # each acknowledged save, loaded
+    merged = sum(p.level > 0 for t in fresh.threads()
+                 for p in fresh.refs.read(t).head.packs)  # type: ignore[union-attr]
+    assert merged > 0
+
+    garbage = set(_packs(fresh)) - _named(fresh)
+    assert garbage, "the writers' last merges left no merged-away pack"
+    kept = fresh.gc(grace=timedelta(hours=1))  # all of it is younger than that: kept
+    assert kept.deleted_objects == 0 and kept.young_objects >= len(garbage)
+    assert garbage <= set(_packs(fresh))
+    time.sleep(grace + (1.1 if url.startswith("s3://") else 0.05))
+    report = fresh.gc(grace=timedelta(seconds=grace))
+    assert set(report.deleted) == garbage  # older than the grace now: deleted, and only them
+    assert set(_packs(fresh)) == _named(fresh)
+    totals["deleted_after"] = report.deleted_objects
+    assert check_store(CheckpointStore.open(url, storage_options=options), acked) == \
+        totals["checkpoints"]
+    return totals
+
+
+def test_gc_of_merged_packs_while_writer_processes_save_local(tmp_path: Any) -> None:
+    totals = merge_soak(str(tmp_path / "merge"), None, writers=3, saves=120 if FULL else 40,
+                        grace=0.25)
+    _report("merge local", totals)
+    assert totals["deleted_live"] > 0  # merged-away packs went while the writers wrote
+
+
+def test_gc_of_merged_packs_while_writer_processes_save_s3(moto_server: dict[str, Any]) -> None:
+    url = f"s3://{moto_server['bucket']}/merge-{uuid.uuid4().hex[:8]}"
+    totals = merge_soak(url, moto_server["storage_options"], writers=2,
+                        saves=80 if FULL else 25, grace=1.0)
+    _report("merge s3", totals)
+    assert totals["rounds"] > 1
+
+
 # --- a state machine against a plain-Python model ----------------------------------------------
 
 
@@ -174,10 +271,13 @@ class Model(RuleBasedStateMachine):
     """Which checkpoints must stay loadable, and with which state, after each step."""
 
     url = ""
+    inline_max: int | None = None  # tiny: a pack every save, merges all the time
 
     def __init__(self) -> None:
         super().__init__()
         self.store = CheckpointStore.open(self.url + uuid.uuid4().hex[:10])
+        if self.inline_max is not None:
+            self.store.refs.inline_max = self.inline_max
         self.logs: dict[str, list[str]] = {}  # thread -> checkpoint ids in log order
         self.heads: dict[str, str] = {}
         self.parent: dict[str, str | None] = {}
@@ -282,7 +382,14 @@ class LocalModel(Model):
     url = tempfile.mkdtemp(prefix="cas-sm-") + "/sm-"
 
 
+class MergingMemoryModel(Model):
+    url = "memory://sm-merging-"
+    inline_max = 1
+
+
 TestMemoryModel = MemoryModel.TestCase
 TestMemoryModel.settings = _SM
 TestLocalModel = LocalModel.TestCase
 TestLocalModel.settings = _SM
+TestMergingMemoryModel = MergingMemoryModel.TestCase
+TestMergingMemoryModel.settings = _SM
