@@ -91,8 +91,10 @@ def is_thread_key(key: str) -> bool:
 
 
 def is_hashed_key(key: str) -> bool:
+    """Whether a key names a long thread id by ``h-`` and the id's BLAKE3 (64 hex digits)."""
     name = key.rsplit("/", 1)[-1]
-    return name.startswith("h-") and len(name) == 66
+    return (len(name) == 66 and name.startswith("h-")
+            and all(c in "0123456789abcdef" for c in name[2:]))
 
 
 def new_lineage() -> bytes:

@@ -251,3 +251,12 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
     lone = View(head, packs[:1], None)  # type: ignore[arg-type]
     with pytest.raises(IntegrityError):
         lone.get(b)  # named by prefix, with other bytes, and nowhere else
+
+
+def test_only_hex_hashed_keys_name_long_threads() -> None:
+    from cas_checkpoint.refs import is_hashed_key, is_thread_key
+
+    good = thread_key("x" * 200)
+    assert is_hashed_key(good) and is_thread_key(good)
+    bad = good[:-1] + "z"  # base32 cannot spell "h-": no thread's key at all
+    assert not is_hashed_key(bad) and not is_thread_key(bad)
