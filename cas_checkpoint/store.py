@@ -289,8 +289,7 @@ class CheckpointStore:
         if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
             have = saved["skip"] or _Known(saved["lineage"])
-            have.ids.update(saved["new"])
-            have.ids.update(nodes)
+            have.ids.update(saved["new"])  # every node not known before; the rest already were
             self._have[thread_id] = have
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
