@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .backend import Backend, LocalBackend, MemoryBackend, ObjectInfo
+from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .errors import InvalidArgumentError, StorageError
 from .objects import CheckpointId, Head, LogEntry, ObjectId
 from .objstore import PREFIX, key_pack_id

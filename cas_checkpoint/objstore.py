@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .backend import Backend
+from .backends import Backend
 from .errors import FormatError, IntegrityError, NotFoundError
 from .objects import Head, ObjectId, object_id, pack_prefix, read_pack_index
 

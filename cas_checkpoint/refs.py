@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import blake3
 
 from . import packing
-from .backend import Backend, RefMismatch
+from .backends import Backend, RefMismatch
 from .errors import (
     ConflictError,
     FormatError,

@@ -9,7 +9,7 @@ write of the key in flight) is transient: the object may not be there yet.
 s3fs and botocore retry some failures themselves before we see them (botocore: connection errors,
 500/502/503/504 and throttling, ``max_attempts`` 5 by default; s3fs: connection and read errors and
 ``SlowDown``, ``retries`` 5 by default). A retried PUT whose first reply was lost comes back as a
-412 even though it was applied; ``backend_s3`` tags each ref write with a write id to tell that
+412 even though it was applied; ``backends/s3.py`` tags each ref write with a write id to tell that
 apart from a real conflict.
 """
 

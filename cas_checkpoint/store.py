@@ -16,7 +16,7 @@ import msgpack
 from . import codec, tree
 from . import gc as gcmod
 from . import repack as repackmod
-from .backend import Backend, backend_for, open_backend
+from .backends import Backend, backend_for, open_backend
 from .codec import TypeRegistry
 from .errors import (
     FormatError,

@@ -45,7 +45,7 @@ from typing import Any
 import msgpack
 
 from ._fmt import human_bytes as _human
-from .backend import Backend
+from .backends import Backend
 from .errors import (
     CasError,
     FormatError,

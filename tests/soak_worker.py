@@ -68,7 +68,7 @@ def reader(store: CheckpointStore, cfg: dict[str, Any]) -> None:
 
 def hang_in_ref(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     """Save, but stop for good inside the ref update (holding its lock) until killed."""
-    import cas_checkpoint.backend as backend
+    import cas_checkpoint.backends.local as backend
 
     real = os.replace
 
@@ -109,7 +109,7 @@ def hang_in_merge(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     first save that merges packs, at ``cfg["at"]``: ``before_pack`` (nothing of it written),
     ``in_pack`` (local disk: the merged pack's temp file written and fsynced, not linked) or
     ``before_ref`` (the merged pack written, the ref not yet), until killed."""
-    import cas_checkpoint.backend as backend
+    import cas_checkpoint.backends.local as backend
     from cas_checkpoint.objstore import key_pack_id
 
     at = cfg["at"]

@@ -19,7 +19,7 @@ from _soak import FULL, check_state, check_store, make_state, soak, spawn
 from conftest import open_store
 
 from cas_checkpoint import CheckpointStore, StorageError
-from cas_checkpoint.backend import Backend
+from cas_checkpoint.backends import Backend
 from cas_checkpoint.objstore import key_pack_id, pack_key, parse_pack
 from cas_checkpoint.refs import thread_key
 from cas_checkpoint.repack import reachable
@@ -269,7 +269,7 @@ def test_failure_inside_local_writes_leaves_no_partial_file(
     temp files left behind are never listed or read as objects or refs."""
     store = CheckpointStore.open(str(tmp_path / "store"))
     first = store.save("t", make_state(0, 0))
-    import cas_checkpoint.backend as backend
+    import cas_checkpoint.backends.local as backend
 
     for target in ("link", "replace"):
         real = getattr(os, target)

@@ -15,7 +15,7 @@ from cas_checkpoint import (
     NotFoundError,
 )
 from cas_checkpoint import gc as gcmod
-from cas_checkpoint.backend import LocalBackend, MemoryBackend, ObjectInfo
+from cas_checkpoint.backends import LocalBackend, MemoryBackend, ObjectInfo
 from cas_checkpoint.objstore import key_pack_id
 
 

@@ -24,7 +24,7 @@ from cas_checkpoint import (
     StorageError,
     UnsafeStorageError,
 )
-from cas_checkpoint import backend as backend_mod
+from cas_checkpoint.backends import local as backend_mod
 from cas_checkpoint.objects import Head, LogEntry
 from cas_checkpoint.refs import thread_key
 

@@ -146,7 +146,7 @@ def test_lost_reply_then_built_upon_is_not_appended_twice(
     """Our ref write lands, its reply is lost, and another writer builds on it before we look
     again (so the ref no longer carries our write id): the save finds its entry in the log and
     neither appends it twice nor raises a false ConflictError."""
-    from cas_checkpoint.backend import RefMismatch
+    from cas_checkpoint.backends import RefMismatch
 
     url = f"memory://lost-{uuid.uuid4().hex[:8]}"
     store, other = CheckpointStore.open(url), CheckpointStore.open(url)

@@ -371,7 +371,7 @@ def test_a_save_that_loses_a_race_writes_its_pack_again(monkeypatch: pytest.Monk
     """Every compare-and-swap attempt builds its record and packs again on the new head and
     writes them before the ref, so a pack a long contended save names is never older than its
     last attempt (a gc's grace counts from there); the lost attempt's pack is garbage."""
-    from cas_checkpoint.backend import RefMismatch
+    from cas_checkpoint.backends import RefMismatch
 
     store = CheckpointStore.open(str(tmp_path / "s"))
     store.save("t", msgs(10))

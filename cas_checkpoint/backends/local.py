@@ -1,18 +1,6 @@
-"""The few storage primitives cas_checkpoint needs, over fsspec filesystems.
-
-Keys are ``/``-separated paths relative to the store's root. Two families of keys:
-
-* immutable objects (``objects/ab/cdef...``): ``get``, ``get_many``, ``put_many`` (create if
-  absent; an existing object is left as it is, since its content is the same by construction);
-* mutable refs (``refs/...``): ``read_ref`` returns the bytes together with a version token and
-  ``write_ref``/``delete_ref`` succeed only if the ref still has the expected version
-  (compare-and-swap). A ``RefMismatch`` tells the caller to re-read and try again.
-
-Implementations: ``LocalBackend`` (plain ``os`` calls: temp file + fsync + ``os.link`` or
-``os.replace``, and an ``flock`` per ref, which the kernel releases when a holder dies),
-``MemoryBackend`` (fsspec's process-wide ``memory://``), and ``S3Backend`` in ``backend_s3.py``
-(conditional PUTs).
-"""
+"""A local directory: plain ``os`` calls. Objects: temp file + fsync + ``os.link`` (create if
+absent); refs: temp file + ``os.replace`` under an ``flock`` per ref, which the kernel releases
+when a holder dies. The async face runs these calls on a small thread pool (``base.py``)."""
 
 from __future__ import annotations
 
@@ -20,112 +8,21 @@ import builtins
 import os
 import secrets
 import stat
-import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
-import blake3
-
-from .errors import FormatError, InvalidArgumentError, NotFoundError, StorageError
+from ..errors import FormatError, NotFoundError, StorageError
+from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-
-class RefMismatch(Exception):
-    """Internal: a compare-and-swap found another version than expected."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    key: str
-    size: int
-    mtime: float  # seconds since the epoch, by the storage's own clock
-    regular: bool = True  # False: a folder, a link or a device where a file should be
-
-
-MAX_REF_BYTES = 4 << 20  # a ref larger than this is refused before it is read
 LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, at most
 REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
-
-
-class Backend(ABC):
-    """Storage primitives. Every method is safe to call from several threads."""
-
-    url: str
-    concurrency: int = 16
-
-    @abstractmethod
-    def get(self, key: str) -> bytes:
-        """The bytes of ``key``; NotFoundError if it does not exist."""
-
-    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        """Read several keys concurrently; a missing key maps to None."""
-        keys = list(dict.fromkeys(keys))
-
-        def one(key: str) -> bytes | None:
-            try:
-                return self.get(key)
-            except NotFoundError:
-                return None
-
-        if len(keys) <= 1:
-            return {k: one(k) for k in keys}
-        with ThreadPoolExecutor(min(self.concurrency, len(keys))) as pool:
-            return dict(zip(keys, pool.map(one, keys), strict=True))
-
-    @abstractmethod
-    def put_many(self, items: dict[str, bytes]) -> None:
-        """Create each key that does not exist yet, completely or not at all."""
-
-    @abstractmethod
-    def read_ref(self, key: str) -> tuple[bytes, str] | None:
-        """(bytes, version) of a ref, or None if it does not exist."""
-
-    @abstractmethod
-    def write_ref(self, key: str, data: bytes, expected: str | None,
-                  refresh: Callable[[], None] | None = None) -> str:
-        """Replace the ref if its version is ``expected`` (None: create it only if absent).
-        Returns the new version; raises RefMismatch otherwise. ``refresh`` is called before the
-        write when the update had to wait long for another writer (it re-puts the objects the
-        new ref names, so a gc that ran meanwhile cannot have taken them)."""
-
-    @abstractmethod
-    def delete_ref(self, key: str, expected: str) -> None:
-        """Delete the ref if its version is ``expected``; RefMismatch otherwise."""
-
-    @abstractmethod
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every key under ``prefix`` (a folder), with size and modified time."""
-
-    @abstractmethod
-    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
-        """Delete keys; missing keys are ignored. Returns the keys the storage refused to
-        delete (they are still there)."""
-
-    def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
-        """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to
-        list ``objects/00`` .. ``objects/ff`` at once)."""
-        prefixes = list(prefixes)
-        if len(prefixes) <= 1:
-            return [i for p in prefixes for i in self.list(p)]
-        with ThreadPoolExecutor(min(self.concurrency, len(prefixes))) as pool:
-            return [i for part in pool.map(self.list, prefixes) for i in part]
-
-
-def _version(data: bytes) -> str:
-    return blake3.blake3(data).hexdigest()
-
-
-# --- local directory ---------------------------------------------------------------------------
 
 
 class LocalBackend(Backend):
@@ -403,158 +300,3 @@ class LocalBackend(Backend):
                     if st.st_mtime < before:
                         out.append((path, st.st_size))
         return out
-
-
-# --- memory:// ---------------------------------------------------------------------------------
-
-
-class MemoryBackend(Backend):
-    """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, fs: Any, root: str) -> None:
-        self.fs = fs
-        self.root = "/" + root.strip("/")
-        self.url = "memory://" + self.root
-
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def get(self, key: str) -> bytes:
-        try:
-            return bytes(self.fs.cat_file(self._path(key)))
-        except FileNotFoundError:
-            raise NotFoundError(f"{key} does not exist in {self.url}") from None
-
-    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        """Reads from the process's memory: one after the other, no thread pool."""
-        out: dict[str, bytes | None] = {}
-        store = self.fs.store
-        for key in keys:
-            f = store.get(self._path(key))
-            out[key] = None if f is None else bytes(f.getbuffer())
-        return out
-
-    def put_many(self, items: dict[str, bytes]) -> None:
-        with self._lock:
-            for key, data in items.items():
-                path = self._path(key)
-                existing = self.fs.store.get(path)
-                if existing is not None:  # a reused object is fresh again for the GC grace
-                    existing.modified = datetime.now(UTC)
-                else:
-                    self.fs.pipe_file(path, bytes(data))
-
-    def read_ref(self, key: str) -> tuple[bytes, str] | None:
-        with self._lock:
-            try:
-                data = self.get(key)
-            except NotFoundError:
-                return None
-        return data, _version(data)
-
-    def write_ref(self, key: str, data: bytes, expected: str | None,
-                  refresh: Callable[[], None] | None = None) -> str:
-        with self._lock:
-            current = self.read_ref_unlocked(key)
-            if current != expected:
-                raise RefMismatch(key)
-            self.fs.pipe_file(self._path(key), bytes(data))
-        return _version(data)
-
-    def read_ref_unlocked(self, key: str) -> str | None:
-        try:
-            return _version(self.get(key))
-        except NotFoundError:
-            return None
-
-    def delete_ref(self, key: str, expected: str) -> None:
-        with self._lock:
-            if self.read_ref_unlocked(key) != expected:
-                raise RefMismatch(key)
-            self.fs.rm_file(self._path(key))
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        base = self._path(prefix.rstrip("/"))
-        with self._lock:
-            try:
-                found = self.fs.find(base, detail=True)
-            except FileNotFoundError:
-                return []
-            out = []
-            for path, info in found.items():
-                f = self.fs.store.get(path)
-                when = getattr(f, "modified", None) or info.get("created")
-                mtime = when.timestamp() if isinstance(when, datetime) else time.time()
-                out.append(ObjectInfo(path[len(self.root) + 1:], int(info.get("size") or 0),
-                                      mtime))
-        return out
-
-    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
-        with self._lock:
-            for key in keys:
-                try:
-                    self.fs.rm_file(self._path(key))
-                except FileNotFoundError:
-                    pass
-        return []
-
-
-# --- opening -----------------------------------------------------------------------------------
-
-
-def open_backend(url: str, storage_options: dict[str, Any] | None = None,
-                 *, allow_unsafe: bool = False, retries: int | None = None,
-                 timeout: float | None = None) -> Backend:
-    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidArgumentError("the store URL is empty; pass a directory path, "
-                                   "'memory://name' or 's3://bucket/prefix'")
-    if "://" not in url and not url.startswith(("file:", "local:")):
-        return LocalBackend(url)  # a plain path: no need to import fsspec (~40 ms)
-    import fsspec
-    from fsspec.core import split_protocol
-
-    protocol, path = split_protocol(url)
-    if protocol in (None, "file", "local"):
-        return LocalBackend(path)
-    options = dict(storage_options or {})
-    if timeout is not None and protocol in ("s3", "s3a"):
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", timeout)
-        config.setdefault("read_timeout", timeout)
-        options["config_kwargs"] = config
-    try:
-        fs = fsspec.filesystem(protocol, **options)
-    except (ImportError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"cannot open {url!r}: {exc}. For s3:// install the extra: pip install "
-            "'cas_checkpoint[s3]'"
-        ) from exc
-    return backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
-
-
-def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
-                retries: int | None = None) -> Backend:
-    """A backend over an fsspec filesystem object and a root path inside it."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "file" in protocols or "local" in protocols:
-        return LocalBackend(root)
-    if "memory" in protocols:
-        return MemoryBackend(fs, root)
-    if "s3" in protocols or "s3a" in protocols:
-        from .backend_s3 import S3Backend
-
-        return S3Backend(fs, root, allow_unsafe=allow_unsafe, retries=retries)
-    raise InvalidArgumentError(
-        f"filesystem {protocols[0]!r} is not supported yet: cas_checkpoint needs atomic "
-        "compare-and-swap for refs, which it implements for local disk, memory:// and s3://"
-    )
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A storage error worth retrying (timeouts, resets, 5xx, throttling); see ``retry.py``."""
-    from .retry import is_transient as transient
-
-    return transient(exc)

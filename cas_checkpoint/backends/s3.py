@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
-from .backend import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
-from .errors import CasError, FormatError, NotFoundError, StorageError, UnsafeStorageError
-from .retry import Backoff, error_code, is_connection_error, is_precondition, is_transient
+from ..errors import CasError, FormatError, NotFoundError, StorageError, UnsafeStorageError
+from ..retry import Backoff, error_code, is_connection_error, is_precondition, is_transient
+from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
 
 log = logging.getLogger("cas_checkpoint")
 T = TypeVar("T")

@@ -1,0 +1,177 @@
+"""The storage primitives every backend provides, sync and async.
+
+Keys are ``/``-separated paths relative to the store's root. Two families of keys:
+
+* immutable packs (``packs/ab/cdef...``): ``get``, ``get_many``, ``put_many`` (create if absent;
+  an existing one is left as it is, since its content is the same by construction);
+* mutable refs (``refs/...``): ``read_ref`` returns the bytes together with a version token and
+  ``write_ref``/``delete_ref`` succeed only if the ref still has the expected version
+  (compare-and-swap). A ``RefMismatch`` tells the caller to re-read and try again.
+
+Each primitive has an awaitable twin (``aget_many``, ``awrite_ref``...) used by
+``AsyncCheckpointStore``; the store's logic drives either through ``ops.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import blake3
+
+from ..errors import NotFoundError
+
+T = TypeVar("T")
+_POOL_LOCK = threading.Lock()
+
+
+class RefMismatch(Exception):
+    """Internal: a compare-and-swap found another version than expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch, by the storage's own clock
+    regular: bool = True  # False: a folder, a link or a device where a file should be
+
+
+MAX_REF_BYTES = 4 << 20  # a ref larger than this is refused before it is read
+LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, at most
+REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
+
+
+class Backend(ABC):
+    """Storage primitives. Every method is safe to call from several threads."""
+
+    url: str
+    concurrency: int = 16
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The bytes of ``key``; NotFoundError if it does not exist."""
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Read several keys concurrently; a missing key maps to None."""
+        keys = list(dict.fromkeys(keys))
+
+        def one(key: str) -> bytes | None:
+            try:
+                return self.get(key)
+            except NotFoundError:
+                return None
+
+        if len(keys) <= 1:
+            return {k: one(k) for k in keys}
+        with ThreadPoolExecutor(min(self.concurrency, len(keys))) as pool:
+            return dict(zip(keys, pool.map(one, keys), strict=True))
+
+    @abstractmethod
+    def put_many(self, items: dict[str, bytes]) -> None:
+        """Create each key that does not exist yet, completely or not at all."""
+
+    @abstractmethod
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        """(bytes, version) of a ref, or None if it does not exist."""
+
+    @abstractmethod
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
+        """Replace the ref if its version is ``expected`` (None: create it only if absent).
+        Returns the new version; raises RefMismatch otherwise. ``refresh`` is called before the
+        write when the update had to wait long for another writer (it re-puts the objects the
+        new ref names, so a gc that ran meanwhile cannot have taken them)."""
+
+    @abstractmethod
+    def delete_ref(self, key: str, expected: str) -> None:
+        """Delete the ref if its version is ``expected``; RefMismatch otherwise."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every key under ``prefix`` (a folder), with size and modified time."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        """Delete keys; missing keys are ignored. Returns the keys the storage refused to
+        delete (they are still there)."""
+
+    def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
+        """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to
+        list ``objects/00`` .. ``objects/ff`` at once)."""
+        prefixes = list(prefixes)
+        if len(prefixes) <= 1:
+            return [i for p in prefixes for i in self.list(p)]
+        with ThreadPoolExecutor(min(self.concurrency, len(prefixes))) as pool:
+            return [i for part in pool.map(self.list, prefixes) for i in part]
+
+    # --- the async face: the same primitives, awaited. By default each call runs the sync
+    # method on a small thread pool of this backend's own (local disk has no portable async
+    # I/O); memory:// answers inline and S3 is natively async (see their classes).
+
+    async_threads = 8
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        pool = self._pool
+        if pool is None:
+            with _POOL_LOCK:
+                pool = self._pool
+                if pool is None:
+                    pool = self._pool = ThreadPoolExecutor(
+                        self.async_threads, thread_name_prefix="cas-checkpoint-io")
+        return await asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args))
+
+    _pool: ThreadPoolExecutor | None = None
+
+    async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        return await self._in_pool(self.get_many, list(keys))
+
+    async def aput_many(self, items: dict[str, bytes]) -> None:
+        await self._in_pool(self.put_many, items)
+
+    async def aread_ref(self, key: str) -> tuple[bytes, str] | None:
+        return await self._in_pool(self.read_ref, key)
+
+    async def aread_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        """Several refs (None for a missing one), read concurrently."""
+        return await self._in_pool(self.read_refs, keys)
+
+    async def awrite_ref(self, key: str, data: bytes, expected: str | None,
+                         refresh: Callable[[], None] | None = None) -> str:
+        return await self._in_pool(self.write_ref, key, data, expected, refresh)
+
+    async def adelete_ref(self, key: str, expected: str) -> None:
+        await self._in_pool(self.delete_ref, key, expected)
+
+    async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
+        return await self._in_pool(self.list, prefix)
+
+    async def alist_many(self, prefixes: Iterable[str]) -> builtins.list[ObjectInfo]:
+        return builtins.list(await self._in_pool(self.list_many, builtins.list(prefixes)))
+
+    async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        return await self._in_pool(self.delete_many, builtins.list(keys))
+
+    async def aclose(self) -> None:
+        """Release what the async face holds (its thread pool; S3: its HTTP session)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def read_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        """Several refs (None for a missing one), read concurrently."""
+        if len(keys) <= 1:
+            return [self.read_ref(k) for k in keys]
+        with ThreadPoolExecutor(min(self.concurrency, len(keys))) as pool:
+            return builtins.list(pool.map(self.read_ref, keys))
+
+
+def _version(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()

@@ -1,0 +1,141 @@
+"""fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import NotFoundError
+from .base import Backend, ObjectInfo, RefMismatch, _version
+
+
+class MemoryBackend(Backend):
+    """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = "/" + root.strip("/")
+        self.url = "memory://" + self.root
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def get(self, key: str) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} does not exist in {self.url}") from None
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Reads from the process's memory: one after the other, no thread pool."""
+        out: dict[str, bytes | None] = {}
+        store = self.fs.store
+        for key in keys:
+            f = store.get(self._path(key))
+            out[key] = None if f is None else bytes(f.getbuffer())
+        return out
+
+    def put_many(self, items: dict[str, bytes]) -> None:
+        with self._lock:
+            for key, data in items.items():
+                path = self._path(key)
+                existing = self.fs.store.get(path)
+                if existing is not None:  # a reused object is fresh again for the GC grace
+                    existing.modified = datetime.now(UTC)
+                else:
+                    self.fs.pipe_file(path, bytes(data))
+
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            try:
+                data = self.get(key)
+            except NotFoundError:
+                return None
+        return data, _version(data)
+
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  refresh: Callable[[], None] | None = None) -> str:
+        with self._lock:
+            current = self.read_ref_unlocked(key)
+            if current != expected:
+                raise RefMismatch(key)
+            self.fs.pipe_file(self._path(key), bytes(data))
+        return _version(data)
+
+    def read_ref_unlocked(self, key: str) -> str | None:
+        try:
+            return _version(self.get(key))
+        except NotFoundError:
+            return None
+
+    def delete_ref(self, key: str, expected: str) -> None:
+        with self._lock:
+            if self.read_ref_unlocked(key) != expected:
+                raise RefMismatch(key)
+            self.fs.rm_file(self._path(key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix.rstrip("/"))
+        with self._lock:
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return []
+            out = []
+            for path, info in found.items():
+                f = self.fs.store.get(path)
+                when = getattr(f, "modified", None) or info.get("created")
+                mtime = when.timestamp() if isinstance(when, datetime) else time.time()
+                out.append(ObjectInfo(path[len(self.root) + 1:], int(info.get("size") or 0),
+                                      mtime))
+        return out
+
+    def read_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        return [self.read_ref(k) for k in keys]
+
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        with self._lock:
+            for key in keys:
+                try:
+                    self.fs.rm_file(self._path(key))
+                except FileNotFoundError:
+                    pass
+        return []
+
+
+    # The async face answers inline: the data is in this process's memory, so a thread (or a
+    # thread pool) per call would only add cost.
+
+    async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        return self.get_many(keys)
+
+    async def aput_many(self, items: dict[str, bytes]) -> None:
+        self.put_many(items)
+
+    async def aread_ref(self, key: str) -> tuple[bytes, str] | None:
+        return self.read_ref(key)
+
+    async def aread_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        return self.read_refs(keys)
+
+    async def awrite_ref(self, key: str, data: bytes, expected: str | None,
+                         refresh: Callable[[], None] | None = None) -> str:
+        return self.write_ref(key, data, expected, refresh)
+
+    async def adelete_ref(self, key: str, expected: str) -> None:
+        self.delete_ref(key, expected)
+
+    async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
+        return self.list(prefix)
+
+    async def alist_many(self, prefixes: Iterable[str]) -> builtins.list[ObjectInfo]:
+        return builtins.list(self.list_many(prefixes))
+
+    async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        return self.delete_many(keys)
