@@ -118,7 +118,7 @@ class Backend(ABC):
 
     async_threads = 8
 
-    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         pool = self._pool
         if pool is None:
             with _POOL_LOCK:
@@ -131,33 +131,33 @@ class Backend(ABC):
     _pool: ThreadPoolExecutor | None = None
 
     async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        return await self._in_pool(self.get_many, list(keys))
+        return await self.run_blocking(self.get_many, list(keys))
 
     async def aput_many(self, items: dict[str, bytes]) -> None:
-        await self._in_pool(self.put_many, items)
+        await self.run_blocking(self.put_many, items)
 
     async def aread_ref(self, key: str) -> tuple[bytes, str] | None:
-        return await self._in_pool(self.read_ref, key)
+        return await self.run_blocking(self.read_ref, key)
 
     async def aread_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
         """Several refs (None for a missing one), read concurrently."""
-        return await self._in_pool(self.read_refs, keys)
+        return await self.run_blocking(self.read_refs, keys)
 
     async def awrite_ref(self, key: str, data: bytes, expected: str | None,
                          refresh: Callable[[], None] | None = None) -> str:
-        return await self._in_pool(self.write_ref, key, data, expected, refresh)
+        return await self.run_blocking(self.write_ref, key, data, expected, refresh)
 
     async def adelete_ref(self, key: str, expected: str) -> None:
-        await self._in_pool(self.delete_ref, key, expected)
+        await self.run_blocking(self.delete_ref, key, expected)
 
     async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
-        return await self._in_pool(self.list, prefix)
+        return await self.run_blocking(self.list, prefix)
 
     async def alist_many(self, prefixes: Iterable[str]) -> builtins.list[ObjectInfo]:
-        return builtins.list(await self._in_pool(self.list_many, builtins.list(prefixes)))
+        return builtins.list(await self.run_blocking(self.list_many, builtins.list(prefixes)))
 
     async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
-        return await self._in_pool(self.delete_many, builtins.list(keys))
+        return await self.run_blocking(self.delete_many, builtins.list(keys))
 
     async def aclose(self) -> None:
         """Release what the async face holds (its thread pool; S3: its HTTP session)."""

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import NotFoundError
-from .base import Backend, ObjectInfo, RefMismatch, _version
+from .base import Backend, ObjectInfo, RefMismatch, T, _version
 
 
 class MemoryBackend(Backend):
@@ -111,6 +111,9 @@ class MemoryBackend(Backend):
 
     # The async face answers inline: the data is in this process's memory, so a thread (or a
     # thread pool) per call would only add cost.
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
 
     async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return self.get_many(keys)
