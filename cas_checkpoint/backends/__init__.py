@@ -12,43 +12,91 @@ from .local import LocalBackend
 from .memory import MemoryBackend
 
 __all__ = ["MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectInfo",
-           "RefMismatch", "backend_for", "open_backend"]
+           "RefMismatch", "backend_for", "open_backend", "open_backend_async"]
 
 
-def open_backend(url: str, storage_options: dict[str, Any] | None = None,
-                 *, allow_unsafe: bool = False, retries: int | None = None,
-                 timeout: float | None = None) -> Backend:
-    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
+def _target(url: str, storage_options: dict[str, Any] | None,
+            timeout: float | None) -> tuple[str | None, str, dict[str, Any]]:
+    """(protocol, path, filesystem options) of a store URL; protocol None: a local directory."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidArgumentError("the store URL is empty; pass a directory path, "
                                    "'memory://name' or 's3://bucket/prefix'")
     if "://" not in url and not url.startswith(("file:", "local:")):
-        return LocalBackend(url)  # a plain path: no need to import fsspec (~40 ms)
-    import fsspec
+        return None, url, {}  # a plain path: no need to import fsspec (~40 ms)
     from fsspec.core import split_protocol
 
     protocol, path = split_protocol(url)
     if protocol in (None, "file", "local"):
-        return LocalBackend(path)
+        return None, path, {}
     options = dict(storage_options or {})
     if timeout is not None and protocol in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         options["config_kwargs"] = config
+    return protocol, path, options
+
+
+def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
+    import fsspec
+
     try:
-        fs = fsspec.filesystem(protocol, **options)
+        return fsspec.filesystem(protocol, **options)
     except (ImportError, ValueError) as exc:
         raise InvalidArgumentError(
             f"cannot open {url!r}: {exc}. For s3:// install the extra: pip install "
             "'cas_checkpoint[s3]'"
         ) from exc
+
+
+def open_backend(url: str, storage_options: dict[str, Any] | None = None,
+                 *, allow_unsafe: bool = False, retries: int | None = None,
+                 timeout: float | None = None) -> Backend:
+    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
+    protocol, path, options = _target(url, storage_options, timeout)
+    if protocol is None:
+        return LocalBackend(path)
+    fs = _filesystem(url, protocol, options)
     return backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
+
+
+async def open_backend_async(url: str, storage_options: dict[str, Any] | None = None,
+                             *, allow_unsafe: bool = False, retries: int | None = None,
+                             timeout: float | None = None) -> Backend:
+    """``open_backend`` for asyncio code. For ``s3://`` the backend gets an s3fs filesystem of
+    its own, ``asynchronous=True``, whose client is made here on the running event loop: its
+    requests are awaited on that loop (no thread, no fsspec I/O loop). Use it from that loop
+    only, through its async methods (its sync ones raise InvalidArgumentError), and
+    ``await backend.aclose()`` to close its connections. Local paths and ``memory://`` get the
+    same backends as ``open_backend``."""
+    protocol, path, options = _target(url, storage_options, timeout)
+    if protocol is None:
+        return LocalBackend(path)
+    if protocol not in ("s3", "s3a"):
+        return backend_for(_filesystem(url, protocol, options), path,
+                           allow_unsafe=allow_unsafe, retries=retries)
+    # fsspec caches filesystem instances by their options: a cached one may belong to another
+    # loop (or be a sync one), so this one is never shared. s3fs binds its client to the loop
+    # that runs set_session (an asynchronous fs has no loop of its own): this one.
+    options.update(asynchronous=True, skip_instance_cache=True)
+    fs = _filesystem(url, protocol, options)
+    backend = backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
+    try:
+        await fs.set_session()
+    except Exception as exc:  # a bad option of the client (region, endpoint URL, config...)
+        raise InvalidArgumentError(f"cannot open {url!r}: {type(exc).__name__}: {exc}") from exc
+    from .s3 import S3Backend
+
+    if isinstance(backend, S3Backend):
+        backend.owns_session = True  # aclose() closes the client made here
+    return backend
 
 
 def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
                 retries: int | None = None) -> Backend:
-    """A backend over an fsspec filesystem object and a root path inside it."""
+    """A backend over an fsspec filesystem object and a root path inside it. An asynchronous
+    ``S3FileSystem`` gives a backend used through its async methods only, on the loop its
+    client belongs to."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "file" in protocols or "local" in protocols:
         return LocalBackend(root)
@@ -62,4 +110,3 @@ def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
         f"filesystem {protocols[0]!r} is not supported yet: cas_checkpoint needs atomic "
         "compare-and-swap for refs, which it implements for local disk, memory:// and s3://"
     )
-

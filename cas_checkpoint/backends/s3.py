@@ -3,9 +3,10 @@
 * objects: ``PutObject`` with ``If-None-Match: *`` (an existing object is left alone);
 * refs: ``GetObject`` returns body and ETag together (never a listing cache), then ``PutObject``
   with ``If-Match: <etag>`` to replace or ``If-None-Match: *`` to create; a 412 is a mismatch;
-* on opening, one probe checks that the endpoint refuses a second ``If-None-Match: *`` PUT;
-  without that, two writers could overwrite each other's refs, so writing is refused unless the
-  caller passed ``allow_unsafe=True``;
+* on the first write, one probe checks that the endpoint refuses a second ``If-None-Match: *``
+  PUT (and a PUT and a DELETE with a wrong ``If-Match``); without that, two writers could
+  overwrite each other's refs, so writing is refused unless the caller passed
+  ``allow_unsafe=True``;
 * transient failures (timeouts, resets, 5xx, throttling) are retried with bounded exponential
   backoff and jitter; permanent ones (access denied, no such bucket, bad key) fail at once;
 * every ref write carries a unique write id in its user metadata (``x-amz-meta-cas-write-id``).
@@ -13,6 +14,18 @@
   and botocore's own retry of an applied PUT gets a 412), the ref is read again: if it carries
   our write id, the write was applied and succeeds, instead of being reported as a conflict and
   appended twice.
+
+Every operation is written once, as a coroutine over s3fs's ``_call_s3`` (the aiobotocore
+client): the async face (``aget_many``, ``awrite_ref``...) awaits it on the caller's event loop,
+and each sync method runs it on the filesystem's own loop (``_run``). Which one applies depends on
+the filesystem the backend wraps:
+
+* a sync ``S3FileSystem`` (``open_backend``): its client belongs to fsspec's private I/O loop.
+  The sync methods run there; the async face must not await that client on another loop, so it
+  runs the sync method on a thread (``Backend.run_blocking``) instead;
+* an asynchronous one (``S3FileSystem(asynchronous=True)``, made by ``open_backend_async`` on the
+  caller's loop): the async face is native, no thread and no ``sync()``; the sync methods raise
+  ``InvalidArgumentError`` (blocking on that loop from its own thread would deadlock).
 """
 
 from __future__ import annotations
@@ -22,12 +35,19 @@ import builtins
 import errno
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
-from ..errors import CasError, FormatError, NotFoundError, StorageError, UnsafeStorageError
+from ..errors import (
+    CasError,
+    FormatError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageError,
+    UnsafeStorageError,
+)
 from ..retry import Backoff, error_code, is_connection_error, is_precondition, is_transient
 from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
 
@@ -42,6 +62,18 @@ def _is_missing(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError) and _code(exc) != "NoSuchBucket"
 
 
+async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
+    """Run ``coros`` concurrently; the first failure cancels the others (``gather`` would leave
+    them running on the loop), and so does cancelling the caller."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return builtins.list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+
+
 class S3Backend(Backend):
     concurrency = 32
     backoff = Backoff()  # our retries, on top of botocore's and s3fs's own
@@ -53,6 +85,8 @@ class S3Backend(Backend):
         self._answered = False  # the endpoint answered once: then a failed connection is a
         #                         blip worth retrying; before, it is a wrong URL: fail fast
         self.fs = fs
+        self.asynchronous = bool(getattr(fs, "asynchronous", False))
+        self.owns_session = False  # open_backend_async made the fs: aclose() closes its client
         root = root.strip("/")
         self.bucket, _, prefix = root.partition("/")
         if len(self.bucket) < 3:
@@ -62,20 +96,41 @@ class S3Backend(Backend):
         self.allow_unsafe = allow_unsafe
         self._safe: bool | None = None
         self._unsafe_reason = ""
+        self._probe_lock: asyncio.Lock | None = None  # made on first use, on the loop it serves
+        self._probe_loop: asyncio.AbstractEventLoop | None = None
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _run(self, coro: Any) -> Any:
-        async def wrapped() -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """A sync method: run one of the coroutines below on the fs's own loop (fsspec's I/O
+        thread) and wait for it."""
+        if self.asynchronous:
+            coro.close()
+            raise InvalidArgumentError(
+                f"{self.url} was opened for asyncio (AsyncCheckpointStore.open or "
+                "open_backend_async): its S3 client belongs to that event loop, so its blocking "
+                "methods cannot be used; use its awaitable methods (aget_many, awrite_ref...)")
+
+        async def wrapped() -> T:
             return await coro
 
         try:
-            return sync(self.fs.loop, wrapped)
-        except (OSError, CasError, RefMismatch):
-            raise
-        except Exception as exc:  # botocore's connection/endpoint errors are not OSErrors
-            raise OSError(errno.EIO, f"{type(exc).__name__}: {exc}") from exc
+            result: T = sync(self.fs.loop, wrapped)
+        except (CasError, RefMismatch):
+            raise  # what the coroutine raised, already mapped
+        except Exception as exc:  # fsspec's loop itself failed (closed at exit, forked...)
+            err = exc if isinstance(exc, OSError) else _as_oserror(exc)
+            raise self._fail("running a request", err) from err
+        return result
+
+    def _native(self) -> bool:
+        """May the async face await S3 calls right here? Yes on an asynchronous fs (its client
+        lives on the caller's loop) and on a sync fs's own loop (where ``_run`` sends the sync
+        methods). Otherwise the client belongs to fsspec's private loop: awaiting it on the
+        caller's loop would mix two loops, so the async face falls back to running the sync
+        method on a thread (the base class's ``run_blocking``)."""
+        return self.asynchronous or asyncio.get_running_loop() is self.fs.loop
 
     def _fail(self, what: str, exc: BaseException) -> StorageError:
         code = _code(exc) or type(exc).__name__
@@ -94,6 +149,18 @@ class S3Backend(Backend):
                     "backoff (and botocore's own retries); check the endpoint and network, then "
                     "retry: nothing half-written is ever visible")
         return StorageError(f"{what} failed on {self.url}: {code}: {exc}; {hint}")
+
+    async def _mapped(self, what: str, coro: Awaitable[T]) -> T:
+        """Await ``coro``; a storage failure becomes a StorageError saying ``what`` failed.
+        cas_checkpoint's own errors and RefMismatch pass as they are, and so does
+        CancelledError (not an Exception)."""
+        try:
+            return await coro
+        except (CasError, RefMismatch):
+            raise
+        except Exception as exc:  # botocore's connection/endpoint errors are not OSErrors
+            err = exc if isinstance(exc, OSError) else _as_oserror(exc)
+            raise self._fail(what, err) from err
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, again after a transient failure (bounded, exponential backoff with
@@ -117,6 +184,19 @@ class S3Backend(Backend):
         """One S3 call with our retries; idempotent calls only."""
         return await self._retrying(method, lambda: self.fs._call_s3(method, Bucket=self.bucket,
                                                                      **kw))
+
+    # The async face. ``run_blocking`` stays the base class's (a small pool of this backend's,
+    # started on first use): S3 requests never go through it on an asynchronous fs; it serves
+    # blocking local-disk work, and the fallback of a sync fs (see ``_native``).
+
+    async def aclose(self) -> None:
+        await super().aclose()  # the fallback's thread pool, if it was started
+        client = getattr(self.fs, "_s3", None)
+        if self.owns_session and client is not None:
+            creator = getattr(self.fs, "_s3creator", None)
+            self.fs._s3 = None  # a later call would open a new client
+            if creator is not None:
+                await creator.__aexit__(None, None, None)
 
     # --- objects ---
 
@@ -147,10 +227,6 @@ class S3Backend(Backend):
 
         return await self._retrying(f"reading {key}", once)
 
-    async def _get(self, key: str) -> bytes | None:
-        got = await self._get_object(key)
-        return None if got is None else got[0]
-
     def get(self, key: str) -> bytes:
         data = self.get_many([key])[key]
         if data is None:
@@ -158,24 +234,28 @@ class S3Backend(Backend):
         return data
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        keys = list(dict.fromkeys(keys))
+        return self._run(self.aget_many(keys))
+
+    async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        keys = builtins.list(dict.fromkeys(keys))
+        if not self._native():
+            return await super().aget_many(keys)
         sem = asyncio.Semaphore(self.concurrency)
 
         async def one(key: str) -> bytes | None:
             async with sem:
-                return await self._get(key)
+                got = await self._get_object(key)
+                return None if got is None else got[0]
 
-        async def all_() -> list[bytes | None]:
-            return list(await asyncio.gather(*(one(k) for k in keys)))
-
-        try:
-            return dict(zip(keys, self._run(all_()), strict=True))
-        except StorageError:
-            raise
-        except OSError as exc:
-            raise self._fail("reading objects", exc) from exc
+        got = await self._mapped("reading objects", _all(one(k) for k in keys))
+        return dict(zip(keys, got, strict=True))
 
     def put_many(self, items: dict[str, bytes]) -> None:
+        self._run(self.aput_many(items))
+
+    async def aput_many(self, items: dict[str, bytes]) -> None:
+        if not self._native():
+            return await super().aput_many(items)
         sem = asyncio.Semaphore(self.concurrency)
 
         async def one(key: str, data: bytes) -> None:
@@ -214,27 +294,46 @@ class S3Backend(Backend):
                 raise OSError(errno.EIO, f"{key} was deleted three times while being written "
                               "(a gc with a very short grace is running?); retry the save")
 
-        async def all_() -> None:
-            await asyncio.gather(*(one(k, v) for k, v in items.items()))
-
-        self._check_safe()
-        try:
-            self._run(all_())
-        except OSError as exc:
-            raise self._fail("writing objects", exc) from exc
+        await self._acheck_safe()
+        await self._mapped("writing objects", _all(one(k, v) for k, v in items.items()))
 
     # --- refs ---
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
-        try:
-            got = self._run(self._get_object(key, MAX_REF_BYTES))
-        except OSError as exc:
-            raise self._fail(f"reading ref {key}", exc) from exc
+        return self._run(self.aread_ref(key))
+
+    async def aread_ref(self, key: str) -> tuple[bytes, str] | None:
+        if not self._native():
+            return await super().aread_ref(key)
+        got = await self._mapped(f"reading ref {key}", self._get_object(key, MAX_REF_BYTES))
         return None if got is None else (got[0], got[1])
+
+    def read_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        return self._run(self.aread_refs(keys))
+
+    async def aread_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
+        """Several refs (None for a missing one): one GET each, ``concurrency`` at a time."""
+        if not self._native():
+            return await super().aread_refs(keys)
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: str) -> tuple[bytes, str] | None:
+            async with sem:
+                got = await self._get_object(key, MAX_REF_BYTES)
+            return None if got is None else (got[0], got[1])
+
+        return await self._mapped("reading refs", _all(one(k) for k in keys))
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
                   refresh: Callable[[], None] | None = None) -> str:
-        self._check_safe()
+        return self._run(self.awrite_ref(key, data, expected, refresh))
+
+    async def awrite_ref(self, key: str, data: bytes, expected: str | None,
+                         refresh: Callable[[], None] | None = None) -> str:
+        """``refresh`` is ignored: S3 writers do not wait for each other's lock."""
+        if not self._native():
+            return await super().awrite_ref(key, data, expected, refresh)
+        await self._acheck_safe()
         wid = secrets.token_hex(12)
         cond = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
 
@@ -263,13 +362,15 @@ class S3Backend(Backend):
             assert failure is not None
             raise failure
 
-        try:
-            return self._run(go())  # type: ignore[no-any-return]
-        except OSError as exc:
-            raise self._fail(f"updating ref {key}", exc) from exc
+        return await self._mapped(f"updating ref {key}", go())
 
     def delete_ref(self, key: str, expected: str) -> None:
-        self._check_safe()
+        self._run(self.adelete_ref(key, expected))
+
+    async def adelete_ref(self, key: str, expected: str) -> None:
+        if not self._native():
+            return await super().adelete_ref(key, expected)
+        await self._acheck_safe()
 
         async def go() -> None:
             failure: BaseException | None = None
@@ -293,17 +394,26 @@ class S3Backend(Backend):
             assert failure is not None
             raise failure
 
-        try:
-            self._run(go())
-        except OSError as exc:
-            raise self._fail(f"deleting ref {key}", exc) from exc
+        await self._mapped(f"deleting ref {key}", go())
+
+    # --- the conditional-write probe ---
 
     def _check_safe(self) -> None:
-        """Once per backend: does the endpoint honour every condition the store relies on?"""
+        self._run(self._acheck_safe())
+
+    async def _acheck_safe(self) -> None:
+        """Once per backend: does the endpoint honour every condition the store relies on? The
+        first writers wait for one probe (a lock, so 50 concurrent first writes make one probe;
+        a probe that failed or was cancelled is tried again by the next write)."""
         if self._safe or self.allow_unsafe:
             return
         if self._safe is None:
-            self._safe = self._probe()
+            loop = asyncio.get_running_loop()
+            if self._probe_lock is None or self._probe_loop is not loop:
+                self._probe_lock, self._probe_loop = asyncio.Lock(), loop
+            async with self._probe_lock:
+                if self._safe is None:
+                    self._safe = await self._aprobe()
         if not self._safe:  # every write asks again, so a caught error cannot be skipped past
             raise UnsafeStorageError(
                 f"{self.url} does not honour {self._unsafe_reason}, so concurrent writers could "
@@ -312,7 +422,7 @@ class S3Backend(Backend):
                 "only one writer ever touches each thread."
             )
 
-    def _probe(self) -> bool:
+    async def _aprobe(self) -> bool:
         """Try each condition on a scratch key: a second PUT with If-None-Match: * must be
         refused, and so must a PUT and a DELETE with If-Match naming a wrong ETag."""
         name = f"probe/{secrets.token_hex(8)}"
@@ -348,83 +458,74 @@ class S3Backend(Backend):
                 except OSError:
                     pass  # a leftover probe is harmless
 
-        try:
-            self._unsafe_reason = str(self._run(go()))
-        except OSError as exc:
-            raise self._fail("checking conditional writes", exc) from exc
+        self._unsafe_reason = await self._mapped("checking conditional writes", go())
         return not self._unsafe_reason
 
     # --- listing ---
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        full = self._key(prefix.rstrip("/")) + "/"
+    def _info(self, item: dict[str, Any]) -> ObjectInfo:
         strip = len(self.prefix) + 1 if self.prefix else 0
+        return ObjectInfo(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp())
 
-        async def go() -> list[ObjectInfo]:
-            out: list[ObjectInfo] = []
-            token: str | None = None
-            while True:
-                kw: dict[str, Any] = {"Prefix": full}
-                if token:
-                    kw["ContinuationToken"] = token
-                resp = await self._s3("list_objects_v2", **kw)
-                for item in resp.get("Contents", []):
-                    out.append(ObjectInfo(item["Key"][strip:], int(item["Size"]),
-                                          item["LastModified"].timestamp()))
-                if not resp.get("IsTruncated"):
-                    return out
-                token = resp["NextContinuationToken"]
+    async def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        """One ListObjectsV2 paginator over ``prefix`` (a folder)."""
+        out: builtins.list[ObjectInfo] = []
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        while True:
+            resp = await self._s3("list_objects_v2", **kw)
+            out += [self._info(item) for item in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return out
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
 
-        try:
-            return self._run(go())  # type: ignore[no-any-return]
-        except OSError as exc:
-            raise self._fail(f"listing {prefix}", exc) from exc
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        return self._run(self.alist(prefix))
+
+    async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
+        if not self._native():
+            return await super().alist(prefix)
+        return await self._mapped(f"listing {prefix}", self._list(prefix))
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
+        return self._run(self.alist_many(prefixes))
+
+    async def alist_many(self, prefixes: Iterable[str]) -> builtins.list[ObjectInfo]:
         """Every key under each prefix: one ListObjectsV2 paginator per prefix, concurrently."""
-        strip = len(self.prefix) + 1 if self.prefix else 0
+        folders = [p.rstrip("/") for p in prefixes]
+        if not self._native():
+            return await super().alist_many(folders)
         sem = asyncio.Semaphore(self.concurrency)
+        strip = len(self.prefix) + 1 if self.prefix else 0
 
-        async def one(prefix: str) -> list[ObjectInfo]:
-            out: list[ObjectInfo] = []
-            kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        async def one(prefix: str) -> builtins.list[ObjectInfo]:
             async with sem:
-                while True:
-                    resp = await self._s3("list_objects_v2", **kw)
-                    out += [ObjectInfo(item["Key"][strip:], int(item["Size"]),
-                                       item["LastModified"].timestamp())
-                            for item in resp.get("Contents", [])]
-                    if not resp.get("IsTruncated"):
-                        return out
-                    kw["ContinuationToken"] = resp["NextContinuationToken"]
+                return await self._list(prefix)
 
-        async def all_() -> list[ObjectInfo]:
-            folders = [p.rstrip("/") for p in prefixes]
+        async def go() -> builtins.list[ObjectInfo]:
             parents = {f.rsplit("/", 1)[0] for f in folders}
             if len(folders) > 8 and len(parents) == 1:  # a small store: one request may do
                 resp = await self._s3("list_objects_v2", Prefix=self._key(parents.pop()) + "/")
                 if not resp.get("IsTruncated"):
                     want = set(folders)
-                    return [ObjectInfo(item["Key"][strip:], int(item["Size"]),
-                                       item["LastModified"].timestamp())
-                            for item in resp.get("Contents", [])
+                    return [self._info(item) for item in resp.get("Contents", [])
                             if item["Key"][strip:].rsplit("/", 1)[0] in want]
-            parts = await asyncio.gather(*(one(p) for p in folders))
-            return [i for part in parts for i in part]
+            return [i for part in await _all(one(p) for p in folders) for i in part]
 
-        try:
-            return self._run(all_())  # type: ignore[no-any-return]
-        except OSError as exc:
-            raise self._fail("listing objects", exc) from exc
+        return await self._mapped("listing objects", go())
 
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        return self._run(self.adelete_many(keys))
+
+    async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         """DeleteObjects in batches of 1,000; returns the keys whose per-key ``Errors`` said
         they were not deleted."""
-        keys = list(keys)
+        keys = builtins.list(keys)
+        if not self._native():
+            return await super().adelete_many(keys)
         strip = len(self.prefix) + 1 if self.prefix else 0
 
-        async def go() -> list[str]:
-            failed: list[str] = []
+        async def go() -> builtins.list[str]:
+            failed: builtins.list[str] = []
             for i in range(0, len(keys), 1000):
                 batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
                 resp = await self._s3("delete_objects", Delete={"Objects": batch, "Quiet": True})
@@ -435,7 +536,12 @@ class S3Backend(Backend):
                         failed.append(str(err.get("Key", ""))[strip:])
             return failed
 
-        try:
-            return self._run(go())  # type: ignore[no-any-return]
-        except OSError as exc:
-            raise self._fail("deleting objects", exc) from exc
+        return await self._mapped("deleting objects", go())
+
+
+def _as_oserror(exc: BaseException) -> OSError:
+    """A non-OSError failure (botocore's connection and endpoint errors) as an EIO OSError
+    caused by it, as the retry and hint logic expects."""
+    err = OSError(errno.EIO, f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
