@@ -8,6 +8,9 @@ import os
 import random
 import socket
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +43,45 @@ def moto_s3() -> Iterator[dict[str, Any]]:
                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def moto_s3_process(info: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Like ``moto_s3``, but the server runs in a process of its own (``python -m moto.server``):
+    its work and its in-memory bucket stay out of this process (its GIL, its garbage
+    collections). Yields s3fs storage options; ``info["pid"]`` is set to the server's pid."""
+    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if info is not None:
+        info["pid"] = server.pid
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto server did not start (exit {server.poll()})")
+            time.sleep(0.05)
+        endpoint = f"http://127.0.0.1:{port}"
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="bench")
+        yield {"key": "bench", "secret": "bench", "use_listings_cache": False,
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def message(i: int, rng: random.Random, size: int = 380) -> dict[str, Any]:
