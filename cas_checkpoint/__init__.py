@@ -19,11 +19,12 @@ from .errors import (
     StorageError,
     UnsafeStorageError,
 )
-from .gc import GCReport, PruneReport
+from .gc import GCReport
 from .objects import CheckpointId, ObjectId
 from .repack import RepackReport
+from .retention import PruneReport
 from .store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
-from .verify import Problem, VerifyReport
+from .verify_report import Problem, VerifyReport
 
 __all__ = [
     "CasError",

@@ -1,7 +1,6 @@
-"""Retention (``prune``) and garbage collection (``gc``), safe while agents write.
+"""Garbage collection (``gc``), safe while agents write (retention, ``prune``, is in
+``retention.py``).
 
-* ``prune`` edits refs only: it rebuilds a thread's log without the checkpoints a retention policy
-  drops (by compare-and-swap, so a concurrent save is never lost) and deletes no object.
 * ``gc`` deletes every pack that no ref names and that is older than a grace period, judged by
   the storage's own modified times. A thread's head names every pack that holds its objects
   (``packing.py``), so marking reads the refs and no object: its cost grows with threads and
@@ -33,7 +32,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -41,9 +40,17 @@ from typing import Any
 
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .errors import InvalidArgumentError, StorageError
-from .objects import CheckpointId, Head, LogEntry, ObjectId
+from .objects import Head, ObjectId
 from .objstore import PREFIX, key_pack_id
-from .refs import HEADS, LEAF, Ref, RefStore, build, is_thread_key
+from .ops import Blocking, DeleteMany, List, ListMany, PutMany, ReadRefs, Step, run
+from .refs import HEADS, is_thread_key
+from .retention import PruneReport as PruneReport  # re-exported: callers look in gc
+from .retention import ThreadPrune as ThreadPrune
+from .retention import check_policy as check_policy
+from .retention import prune as prune
+from .retention import prune_due as prune_due
+from .retention import pruned_head as pruned_head
+from .retention import save_slack as save_slack
 
 GCProgress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
@@ -55,187 +62,11 @@ TRASH_STALE = 600.0  # seconds: a trash folder this old was left by a gc that di
 MIN_S3_GRACE = 1.0  # S3 LastModified has a resolution of one second
 
 
-# --- retention ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadPrune:
-    """What prune kept and removed in one thread (ids oldest first)."""
-
-    thread_id: str
-    kept: tuple[CheckpointId, ...]
-    removed: tuple[CheckpointId, ...]
-    reasons: dict[str, int] = field(default_factory=dict)  # kept checkpoints per rule
-
-
-RULES = ("head", "last", "recent", "labeled", "tagged")
-"""Why a checkpoint is kept, in the order rules are tried (each is counted under the first)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PruneReport:
-    dry_run: bool
-    threads: dict[str, ThreadPrune] = field(default_factory=dict)
-
-    @property
-    def kept(self) -> int:
-        return sum(len(t.kept) for t in self.threads.values())
-
-    @property
-    def removed(self) -> int:
-        return sum(len(t.removed) for t in self.threads.values())
-
-    @property
-    def reasons(self) -> dict[str, int]:
-        """Kept checkpoints per rule (``head``, ``last``, ``recent``, ``labeled``,
-        ``tagged``), each counted under the first rule that keeps it."""
-        out = dict.fromkeys(RULES, 0)
-        for t in self.threads.values():
-            for rule, n in t.reasons.items():
-                out[rule] += n
-        return out
-
-    def to_text(self) -> str:
-        verb = "would remove" if self.dry_run else "removed"
-        lines = [f"{t}: kept {len(p.kept)}, {verb} {len(p.removed)}"
-                 for t, p in sorted(self.threads.items())]
-        why = ", ".join(f"{n} {rule}" for rule, n in self.reasons.items() if n)
-        lines.append(f"total: kept {self.kept} ({why or 'none'}), {verb} {self.removed} "
-                     f"checkpoints in {len(self.threads)} threads (objects stay until repack "
-                     "and gc)")
-        return "\n".join(lines)
-
-
-def select(entries: list[LogEntry], head_id: CheckpointId | None, *, keep_last: int | None,
-           older_than: timedelta | None, keep_labeled: bool, now: float,
-           keep_tags: frozenset[str] = frozenset(), reasons: dict[str, int] | None = None,
-           ) -> tuple[list[LogEntry], list[LogEntry]]:
-    """(kept, removed), both in log order. A checkpoint is kept if any rule keeps it: it is the
-    head; it is one of the last ``keep_last``; it was created less than ``older_than`` before
-    ``now``; it has a label (with ``keep_labeled``); it has one of ``keep_tags``. ``reasons``
-    collects how many each rule kept (counted under the first)."""
-    cutoff = None if older_than is None else now - older_than.total_seconds()
-    n = len(entries)
-    kept: list[LogEntry] = []
-    removed: list[LogEntry] = []
-    for i, e in enumerate(entries):
-        rule = ("head" if e.id == head_id
-                else "last" if keep_last is not None and i >= n - keep_last
-                else "recent" if cutoff is not None and e.created_at >= cutoff
-                else "labeled" if keep_labeled and e.label is not None
-                else "tagged" if keep_tags.intersection(e.tags)
-                else None)
-        if rule is None:
-            removed.append(e)
-        else:
-            kept.append(e)
-            if reasons is not None:
-                reasons[rule] = reasons.get(rule, 0) + 1
-    return kept, removed
-
-
-def check_tags(keep_tags: object) -> frozenset[str]:
-    if isinstance(keep_tags, str) or not isinstance(keep_tags, Iterable):
-        raise InvalidArgumentError("keep_tags must be a list of tags, e.g. keep_tags=['milestone']")
-    tags = frozenset(keep_tags)
-    if not all(isinstance(t, str) for t in tags):
-        raise InvalidArgumentError("every tag in keep_tags must be a str")
-    return tags
-
-
-def check_policy(keep_last: object, older_than: object) -> None:
-    if keep_last is None and older_than is None:
-        raise InvalidArgumentError("prune needs a policy: pass keep_last=N and/or "
-                                   "older_than=timedelta(...)")
-    if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool)
-                                  or keep_last < 0):
-        raise InvalidArgumentError(f"keep_last must be a non-negative int, not {keep_last!r}")
-    if older_than is not None and (not isinstance(older_than, timedelta)
-                                   or older_than < timedelta(0)):
-        raise InvalidArgumentError(f"older_than must be a non-negative timedelta, not "
-                                   f"{older_than!r}")
-
-
-class _Gone(Exception):
-    pass
-
-
-class _Unchanged(Exception):
-    pass
-
-
-def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
-                 older_than: timedelta | None, keep_labeled: bool, dry_run: bool,
-                 now: float, keep_tags: frozenset[str] = frozenset()) -> ThreadPrune | None:
-    """Prune one thread by compare-and-swap (None if the thread does not exist)."""
-    ref = refs.read(thread_id)
-    if ref is None or ref.head.head is None:
-        return None
-    policy: dict[str, Any] = {"keep_last": keep_last, "older_than": older_than,
-                              "keep_labeled": keep_labeled, "now": now, "keep_tags": keep_tags}
-    reasons: dict[str, int] = {}
-    kept, removed = select(refs.entries(ref.head), ref.head.head, reasons=reasons, **policy)
-    if not dry_run and removed:
-        def change(cur: Ref | None) -> tuple[Head, dict[ObjectId, bytes]]:
-            nonlocal kept, removed
-            if cur is None or cur.head.head is None:
-                raise _Gone
-            reasons.clear()
-            kept, removed = select(refs.entries(cur.head), cur.head.head, reasons=reasons,
-                                   **policy)
-            if not removed:
-                raise _Unchanged
-            new: dict[ObjectId, bytes] = {}
-            return build(cur.head, kept, cur.head.head, new), refs.missing(cur.head, new)
-
-        try:
-            refs.update(thread_id, change, current=ref)
-        except _Gone:
-            return None
-        except _Unchanged:
-            pass
-    return ThreadPrune(thread_id, tuple(e.id for e in kept), tuple(e.id for e in removed),
-                       dict(reasons))
-
-
-def prune(refs: RefStore, threads: Iterable[str], *, keep_last: int | None,
-          older_than: timedelta | None, keep_labeled: bool, dry_run: bool,
-          keep_tags: Iterable[str] = ()) -> PruneReport:
-    check_policy(keep_last, older_than)
-    tags = check_tags(keep_tags)
-    now = time.time()
-    report = PruneReport(dry_run)
-    for thread in threads:
-        got = prune_thread(refs, thread, keep_last=keep_last, older_than=older_than,
-                           keep_labeled=keep_labeled, dry_run=dry_run, now=now, keep_tags=tags)
-        if got is not None:
-            report.threads[thread] = got
-    return report
-
-
-def save_slack(keep_last: int) -> int:
-    """Prune-on-save runs when a thread reaches keep_last + a multiple of this."""
-    return max(LEAF, keep_last // 4)
-
-
-def prune_due(count: int, keep_last: int) -> bool:
-    """Whether a save that brought a thread to ``count`` checkpoints should prune it: every
-    ``save_slack`` saves past ``keep_last`` (so the log rebuild is amortised, even when labelled
-    checkpoints keep the thread longer than keep_last)."""
-    return count > keep_last and (count - keep_last) % save_slack(keep_last) == 0
-
-
-def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int,
-                new: dict[ObjectId, bytes]) -> Head:
-    """``head`` plus ``entry`` (the new head), keeping its last ``keep_last`` checkpoints and
-    the labelled ones; new segments go into ``new``."""
-    entries = refs.entries(head) + [entry]
-    kept, _ = select(entries, entry.id, keep_last=keep_last, older_than=None,
-                     keep_labeled=True, now=0.0)
-    return build(head, kept, entry.id, new)
-
-
 # --- garbage collection ------------------------------------------------------------------------
+# ``collect`` is a step (``ops.py``): it yields its storage requests; the parts that must be
+# atomic on one kind of storage (local disk's trash sweep, memory://'s check-and-delete under
+# the writers' lock) run whole inside a ``Blocking`` request.
+
 
 
 @dataclass(slots=True)
@@ -301,14 +132,13 @@ class _Collector:
         self.progress = progress or (lambda phase, done, total: None)
         self.marked: set[str] = set()
         self.versions: dict[str, str] = {}
-        self.workers = max(1, min(backend.concurrency, 16))
 
     # marking: a ref reaches exactly the packs its head names (and its inline objects, which
     # live in the ref itself), so marking reads the refs and nothing else
 
-    def read_refs(self) -> dict[str, Head]:
+    def read_refs(self) -> Step[dict[str, Head]]:
         """Every ref whose version changed since the last read (all of them the first time)."""
-        listed = self.backend.list(HEADS)  # a listing error propagates: never "no refs"
+        listed: list[ObjectInfo] = yield List(HEADS)  # a listing error propagates: never "no refs"
         odd = [i.key for i in listed if not i.regular or (
             not is_thread_key(i.key) and i.key.count("/") == 2 and ".tmp-" not in i.key)]
         if odd:
@@ -320,8 +150,7 @@ class _Collector:
         keys = [i.key for i in listed if is_thread_key(i.key)]
         self.req["list"] += 1 + len(keys) // 1000
         self.req["get"] += len(keys)
-        with ThreadPoolExecutor(self.workers) as pool:
-            got = list(pool.map(self.backend.read_ref, keys))
+        got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
         changed: dict[str, Head] = {}
         for key, ref in zip(keys, got, strict=True):
             if ref is not None and self.versions.get(key) != ref[1]:
@@ -338,8 +167,8 @@ class _Collector:
 
     # listing
 
-    def list_objects(self) -> list[tuple[ObjectId, ObjectInfo]]:
-        infos = self.backend.list_many(PREFIXES)
+    def list_objects(self) -> Step[list[tuple[ObjectId, ObjectInfo]]]:
+        infos: list[ObjectInfo] = yield ListMany(PREFIXES)
         per_prefix: dict[str, int] = {}
         out = []
         for info in infos:
@@ -354,15 +183,15 @@ class _Collector:
         return out
 
 
-def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> float:
+def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> Step[float]:
     """The storage's clock: the modified time of a tiny probe written under ``gc/``. When the
     probe cannot be written (a full disk, say: the moment gc is most needed), the newest modified
     time of anything in the store: an earlier "now" only makes gc keep more."""
     key = f"gc/probe-{secrets.token_hex(8)}"
     try:
-        backend.put_many({key: b"gc clock probe\n"})
+        yield PutMany({key: b"gc clock probe\n"})
     except StorageError as exc:
-        infos = [*backend.list(HEADS), *backend.list(PREFIX)]
+        infos: list[ObjectInfo] = [*(yield List(HEADS)), *(yield List(PREFIX))]
         if requests is not None:
             requests["list"] += 2
         if not infos:
@@ -371,9 +200,12 @@ def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> flo
                                "space or fix the permissions, then run gc again") from exc
         return max(i.mtime for i in infos)
     try:
-        found = [i.mtime for i in backend.list("gc") if i.key == key]
-    finally:
-        backend.delete_many([key])
+        listed: list[ObjectInfo] = yield List("gc")
+    except Exception:
+        yield DeleteMany([key])  # (not on GeneratorExit: a step closed early yields nothing)
+        raise
+    yield DeleteMany([key])
+    found = [i.mtime for i in listed if i.key == key]
     if requests is not None:
         for kind in ("put", "list", "delete"):
             requests[kind] += 1
@@ -384,8 +216,11 @@ def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> flo
 
 
 def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
-            progress: GCProgress | None = None, force: bool = False) -> GCReport:
-    """Delete unreachable objects older than ``grace`` (see the module docstring)."""
+            progress: GCProgress | None = None, force: bool = False) -> Step[GCReport]:
+    """Delete unreachable objects older than ``grace`` (see the module docstring): a step for
+    ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
+    now, before any I/O. ``progress`` is called from the step (on the event loop's thread
+    under ``arun``)."""
     if not isinstance(grace, timedelta) or grace < timedelta(0):
         raise InvalidArgumentError(f"grace must be a non-negative timedelta, not {grace!r}")
     g = grace.total_seconds()
@@ -395,16 +230,21 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
             f"grace={g:g} s is below the 1-second resolution of modified times on {backend.url}, "
             "so gc could delete an object a writer is about to commit; use a grace of at least "
             "1 second (the default is 1 hour), or pass force=True if no writer is active")
+    return _collect(backend, g, dry_run, progress)
+
+
+def _collect(backend: Backend, g: float, dry_run: bool,
+             progress: GCProgress | None) -> Step[GCReport]:
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
     c = _Collector(backend, report, progress)
     if isinstance(backend, LocalBackend):
-        _recover_trash(backend)
-    t0 = report.storage_now = storage_now(backend, report.requests)
-    c.mark_heads(c.read_refs())
-    listed = c.list_objects()
+        yield Blocking(_recover_trash, (backend,))
+    t0 = report.storage_now = yield from storage_now(backend, report.requests)
+    c.mark_heads((yield from c.read_refs()))
+    listed = yield from c.list_objects()
     for _ in range(REF_ROUNDS):
-        changed = c.read_refs()
+        changed = yield from c.read_refs()
         if not changed:
             break
         c.mark_heads(changed)
@@ -424,13 +264,13 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     if dry_run:
         deleted = candidates
     elif isinstance(backend, LocalBackend):
-        deleted = _sweep_local(backend, candidates, cutoff, c)
+        deleted = yield from sweep_local(backend, candidates, cutoff, c)
     elif isinstance(backend, MemoryBackend):
-        deleted = _sweep_memory(backend, candidates, cutoff, c)
+        deleted = yield from sweep_memory(backend, candidates, cutoff, c)
     else:
-        deleted = _sweep_listed(backend, candidates, cutoff, c)
+        deleted = yield from sweep_listed(backend, candidates, cutoff, c)
     if isinstance(backend, LocalBackend):
-        report.temp_files = _sweep_temps(backend, cutoff, dry_run)
+        report.temp_files = yield Blocking(_sweep_temps, (backend, cutoff, dry_run))
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)
@@ -447,7 +287,7 @@ def _local_path(backend: LocalBackend, key: str) -> str:
 
 
 def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
-    """Delete temp files older than the grace: no live writer holds one that long."""
+    """Delete temp files older than the grace: no live writer holds one that long. Blocking."""
     stale = backend.stale_temps(cutoff)
     for path, _size in [] if dry_run else stale:
         with contextlib.suppress(FileNotFoundError):
@@ -457,7 +297,7 @@ def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
 
 def _recover_trash(backend: LocalBackend) -> None:
     """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
-    safe; the next gc deletes it again)."""
+    safe; the next gc deletes it again). Blocking."""
     gc_dir = os.path.join(backend.root, "gc")
     try:
         names = os.listdir(gc_dir)
@@ -483,15 +323,34 @@ def _recover_trash(backend: LocalBackend) -> None:
             continue
 
 
-def _sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
-                 c: _Collector) -> list[ObjectInfo]:
+def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
+                c: _Collector) -> Step[list[ObjectInfo]]:
     """Rename each candidate into a trash folder, then look at its modified time: a writer
     that refreshed it before the rename moved it, so it goes back; a writer that comes after
-    the rename finds no file to refresh and writes the object again."""
+    the rename finds no file to refresh and writes the object again. Each batch is one
+    ``Blocking`` request."""
     if not candidates:
         return []
     trash = os.path.join(backend.root, "gc", f"trash-{os.getpid()}-{secrets.token_hex(4)}")
-    os.makedirs(trash)
+    yield Blocking(os.makedirs, (trash,))
+    deleted: list[ObjectInfo] = []
+    try:
+        for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
+            gone = yield Blocking(_trash_batch, (backend, trash, batch, cutoff))
+            deleted += [i for i, ok in zip(batch, gone, strict=True) if ok]
+            c.req["delete"] += len(batch)
+            c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
+    except OSError as exc:
+        raise StorageError(f"gc could not remove objects in {backend.root}: {exc}; objects it "
+                           f"moved aside are put back by the next gc run") from exc
+    yield Blocking(os.rmdir, (trash,))
+    return deleted
+
+
+def _trash_batch(backend: LocalBackend, trash: str, batch: list[ObjectInfo],
+                 cutoff: float) -> list[bool]:
+    """``sweep_local``'s rename, check and unlink of each of ``batch`` (True: deleted), on a
+    small thread pool. Blocking."""
 
     def one(info: ObjectInfo) -> bool:
         src = _local_path(backend, info.key)
@@ -511,18 +370,8 @@ def _sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: fl
         os.unlink(dst)
         return True
 
-    deleted: list[ObjectInfo] = []
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
-                deleted += [i for i, ok in zip(batch, pool.map(one, batch), strict=True) if ok]
-                c.req["delete"] += len(batch)
-                c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
-    except OSError as exc:
-        raise StorageError(f"gc could not remove objects in {backend.root}: {exc}; objects it "
-                           f"moved aside are put back by the next gc run") from exc
-    os.rmdir(trash)
-    return deleted
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, batch))
 
 
 def _memory_mtime(f: Any) -> float:
@@ -532,26 +381,35 @@ def _memory_mtime(f: Any) -> float:
     return datetime.now(UTC).timestamp()
 
 
-def _sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
-                  c: _Collector) -> list[ObjectInfo]:
-    """Check and delete under the lock that writers take to put or refresh an object."""
+def sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
+                 c: _Collector) -> Step[list[ObjectInfo]]:
+    """Check and delete under the lock that writers take to put or refresh an object (a batch
+    at a time, each one ``Blocking`` request)."""
     deleted: list[ObjectInfo] = []
     for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
-        with backend._lock:
-            for info in batch:
-                path = f"{backend.root}/{info.key}"
-                f = backend.fs.store.get(path)
-                if f is None or _memory_mtime(f) >= cutoff:
-                    continue
-                backend.fs.rm_file(path)
-                deleted.append(info)
+        deleted += yield Blocking(_memory_delete, (backend, batch, cutoff))
         c.req["delete"] += len(batch)
         c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
     return deleted
 
 
-def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
-                  c: _Collector) -> list[ObjectInfo]:
+def _memory_delete(backend: MemoryBackend, batch: list[ObjectInfo],
+                   cutoff: float) -> list[ObjectInfo]:
+    """The objects of ``batch`` still older than ``cutoff``, deleted under the writers' lock."""
+    deleted: list[ObjectInfo] = []
+    with backend._lock:
+        for info in batch:
+            path = f"{backend.root}/{info.key}"
+            f = backend.fs.store.get(path)
+            if f is None or _memory_mtime(f) >= cutoff:
+                continue
+            backend.fs.rm_file(path)
+            deleted.append(info)
+    return deleted
+
+
+def sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
+                 c: _Collector) -> Step[list[ObjectInfo]]:
     """S3 (and any other storage): before each batch of up to 1,000 keys, list the candidates'
     prefixes again and drop every candidate whose modified time moved or that is gone; then one
     DeleteObjects. Candidates are sorted, so a batch spans few prefixes."""
@@ -559,7 +417,7 @@ def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
     candidates = sorted(candidates, key=lambda i: i.key)
     for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
         prefixes = sorted({i.key.rsplit("/", 1)[0] for i in batch})
-        now = {i.key: i.mtime for i in backend.list_many(prefixes)}
+        now = {i.key: i.mtime for i in (yield ListMany(prefixes))}
         per: dict[str, int] = {}
         for key in now:
             per[key.rsplit("/", 1)[0]] = per.get(key.rsplit("/", 1)[0], 0) + 1
@@ -568,9 +426,27 @@ def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
             max(1, math.ceil(per.get(p, 0) / 1000)) for p in prefixes)
         ok = [i for i in batch if i.key in now and now[i.key] == i.mtime < cutoff]
         if ok:
-            refused = set(backend.delete_many(i.key for i in ok))
+            refused = set((yield DeleteMany([i.key for i in ok])))
             ok = [i for i in ok if i.key not in refused]
             c.req["delete"] += 1
         deleted += ok
         c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
     return deleted
+
+
+# The final checks run by the sync driver, for tests and tools that drive one by hand.
+
+
+def _sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
+                 c: _Collector) -> list[ObjectInfo]:
+    return run(sweep_local(backend, candidates, cutoff, c), backend)
+
+
+def _sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
+                  c: _Collector) -> list[ObjectInfo]:
+    return run(sweep_memory(backend, candidates, cutoff, c), backend)
+
+
+def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
+                  c: _Collector) -> list[ObjectInfo]:
+    return run(sweep_listed(backend, candidates, cutoff, c), backend)

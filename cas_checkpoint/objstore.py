@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .backends import Backend
 from .errors import FormatError, IntegrityError, NotFoundError
 from .objects import Head, ObjectId, object_id, pack_prefix, read_pack_index
+from .ops import GetMany, PutMany, Step
 
 PREFIX = "packs"
 
@@ -38,6 +39,14 @@ def key_pack_id(key: str) -> ObjectId | None:
     if len(pid) != 64 or any(c not in "0123456789abcdef" for c in pid):
         return None
     return ObjectId(pid)
+
+
+class NeedPacks(Exception):
+    """Internal: a merge needs packs that are not at hand (their ids in ``ids``)."""
+
+    def __init__(self, ids: list[ObjectId]) -> None:
+        super().__init__(ids)
+        self.ids = ids
 
 
 class PrefixMismatch(Exception):
@@ -229,18 +238,26 @@ class ObjectStore:
         except OSError:
             pass  # the disk cache is only a cache
 
-    # --- packs ---
+    # --- packs (steps: see ops.py) ---
 
-    def put_packs(self, packs: dict[ObjectId, bytes]) -> None:
+    def put_packs(self, packs: dict[ObjectId, bytes]) -> Step[None]:
         """Write packs that are not there yet (each completely or not at all); writing one that
         exists refreshes its modified time, for gc."""
         if not packs:
             return
+        yield PutMany({pack_key(k): v for k, v in packs.items()})
+        self._remember_new(packs)
+
+    def put_packs_now(self, packs: dict[ObjectId, bytes]) -> None:
+        """``put_packs`` with the sync primitives (a local ref update's refresh, which runs
+        inside the backend's own call)."""
         self.backend.put_many({pack_key(k): v for k, v in packs.items()})
+
+    def _remember_new(self, packs: dict[ObjectId, bytes]) -> None:
         for pid, data in packs.items():
             self._remember(parse_pack(pid, data, trusted=True))
 
-    def packs(self, pids: Iterable[str]) -> dict[str, Pack]:
+    def packs(self, pids: Iterable[str]) -> Step[dict[str, Pack]]:
         """Packs by id, verified; the ones not cached are read in one parallel round."""
         out: dict[str, Pack] = {}
         missing = []
@@ -254,7 +271,7 @@ class ObjectStore:
         if missing:
             with self._lock:
                 self.misses += len(missing)
-            got = self.backend.get_many(pack_key(p) for p in missing)
+            got = yield GetMany([pack_key(p) for p in missing])
             for pid in missing:
                 data = got[pack_key(pid)]
                 if data is None:
@@ -268,17 +285,34 @@ class ObjectStore:
                 self._to_disk(pid, data)
         return out
 
-    def pack_bytes(self, pids: Iterable[str]) -> dict[ObjectId, dict[ObjectId, memoryview]]:
+    def pack_bytes(self, pids: Iterable[str]) -> Step[dict[ObjectId, dict[ObjectId, memoryview]]]:
         """The objects of each pack (for merging)."""
-        return {ObjectId(k): v.objects for k, v in self.packs(pids).items()}
+        got = yield from self.packs(pids)
+        return {ObjectId(k): v.objects for k, v in got.items()}
 
-    def view(self, head: Head) -> View:
+    def cached_objects(self, fetched: dict[str, Pack], pids: list[ObjectId]
+                       ) -> dict[ObjectId, dict[ObjectId, memoryview]]:
+        """The objects of packs at hand (``fetched``, or cached); NeedPacks names the others
+        (``RefStore._stage`` reads them and asks again)."""
+        out: dict[ObjectId, dict[ObjectId, memoryview]] = {}
+        need = []
+        for pid in pids:
+            pack = fetched.get(pid) or self._cached(pid)
+            if pack is None:
+                need.append(pid)
+            else:
+                out[pid] = pack.objects
+        if need:
+            raise NeedPacks(need)
+        return out
+
+    def view(self, head: Head) -> Step[View]:
         """Reads of the objects ``head`` holds (its packs are fetched now, in one round)."""
         with self._lock:
             last = self._views.get(id(head))
         if last is not None and last.head is head:
             return last
-        got = self.packs([p.id for p in head.packs]) if head.packs else {}
+        got = (yield from self.packs([p.id for p in head.packs])) if head.packs else {}
         view = View(head, [got[p.id] for p in head.packs], self)
         with self._lock:
             self._views[id(head)] = view

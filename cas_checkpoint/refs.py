@@ -23,9 +23,9 @@ import base64
 import logging
 import random
 import secrets
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import blake3
 
@@ -39,7 +39,8 @@ from .errors import (
     StorageError,
 )
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Peak, Segment, object_id
-from .objstore import ObjectStore, View
+from .objstore import NeedPacks, ObjectStore, Pack, View
+from .ops import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
 
 log = logging.getLogger("cas_checkpoint")
 
@@ -107,6 +108,10 @@ class Ref:
     version: str
 
 
+Change = Callable[[Ref | None], Step[tuple[Head | None, dict[ObjectId, bytes]]]]
+"""What ``RefStore.update`` applies: the current ref -> the new head and its new objects."""
+
+
 def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
     """``head`` with ``entry`` appended and made the head; new segments are added to ``new``."""
     tail = head.tail + (entry,)
@@ -141,7 +146,8 @@ def build(base: Head, entries: list[LogEntry], head_id: CheckpointId | None,
 
 
 class RefStore:
-    """Reads and compare-and-swaps thread refs."""
+    """Reads and compare-and-swaps thread refs. Methods that touch storage are steps
+    (``ops.py``): generators a sync or an async driver carries out."""
 
     def __init__(self, backend: Backend, objects: ObjectStore,
                  inline_max: int = packing.INLINE_MAX) -> None:
@@ -150,9 +156,8 @@ class RefStore:
         self.inline_max = inline_max
         self._decoded: dict[str, tuple[bytes, Head]] = {}  # per ref key: last bytes and head
 
-    def read(self, thread_id: str) -> Ref | None:
-        key = thread_key(thread_id)
-        got = self.backend.read_ref(key)
+    def decode(self, thread_id: str, key: str, got: tuple[bytes, str] | None) -> Ref | None:
+        """The ref read as ``got`` (bytes, version), checked."""
         if got is None:
             return None
         last = self._decoded.get(key)
@@ -174,60 +179,99 @@ class RefStore:
             )
         return Ref(head, got[1])
 
-    def threads(self) -> list[str]:
+    def read(self, thread_id: str) -> Step[Ref | None]:
+        key = thread_key(thread_id)
+        got = yield ReadRef(key)
+        return self.decode(thread_id, key, got)
+
+    def threads(self) -> Step[list[str]]:
         out = []
-        for info in self.backend.list(HEADS):
+        hashed = []
+        for info in (yield List(HEADS)):
             if not info.regular:
                 log.warning("%s in %s is not a regular file: skipped (run `cas-checkpoint "
                             "verify`)", info.key, self.backend.url)
                 continue
             if is_hashed_key(info.key):  # a long id: its head holds it
-                try:
-                    got = self.backend.read_ref(info.key)
-                    long_id = None if got is None else Head.decode(got[0], info.key).thread_id
-                except (FormatError, IntegrityError) as exc:
-                    log.warning("%s in %s is damaged, its thread is not listed: %s (run "
-                                "`cas-checkpoint verify`)", info.key, self.backend.url, exc)
-                    continue
-                if long_id is not None and info.key == thread_key(long_id):
-                    out.append(long_id)
+                hashed.append(info.key)
                 continue
             thread = thread_from_key(info.key)
             if thread is not None and info.key == thread_key(thread):
                 out.append(thread)
+        if hashed:
+            try:
+                got = yield ReadRefs(hashed)
+            except (FormatError, StorageError):
+                got = []  # one of them is bad: read them one by one to name it
+                for key in hashed:
+                    try:
+                        got.append((yield ReadRef(key)))
+                    except (FormatError, StorageError) as exc:
+                        log.warning("%s in %s cannot be read, its thread is not listed: %s "
+                                    "(run `cas-checkpoint verify`)", key, self.backend.url, exc)
+                        got.append(None)
+            for key, one in zip(hashed, got, strict=True):
+                try:
+                    long_id = None if one is None else Head.decode(one[0], key).thread_id
+                except (FormatError, IntegrityError) as exc:
+                    log.warning("%s in %s is damaged, its thread is not listed: %s (run "
+                                "`cas-checkpoint verify`)", key, self.backend.url, exc)
+                    continue
+                if long_id is not None and key == thread_key(long_id):
+                    out.append(long_id)
         return sorted(out)
 
-    def iter_newest_first(self, head: Head) -> Iterator[LogEntry]:
-        """Entries newest first, reading segments lazily (one peak tree at a time)."""
+    def view(self, head: Head) -> Step[View | None]:
+        """The view a head's log needs (None when all of it is in the head)."""
+        if not head.peaks:
+            return None
+        view: View = yield from self.objects.view(head)
+        return view
+
+    def iter_newest_first(self, head: Head, view: View | None) -> Iterator[LogEntry]:
+        """Entries newest first, decoding segments lazily (one peak tree at a time) from
+        ``view`` (from ``view(head)``)."""
         yield from reversed(head.tail)
         if head.peaks:
-            view = self.objects.view(head)
+            assert view is not None, "a head with log segments needs its view"
             for peak in reversed(head.peaks):
                 yield from reversed(self._read_trees([peak.id], view))
 
-    def missing(self, head: Head, new: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
+    def newest_first(self, head: Head) -> Step[Iterator[LogEntry]]:
+        view = yield from self.view(head)
+        return self.iter_newest_first(head, view)
+
+    def missing(self, head: Head, new: dict[ObjectId, bytes]) -> Step[dict[ObjectId, bytes]]:
         """The objects of ``new`` that ``head`` does not hold yet (a rebuilt log repeats most
         of its segments)."""
         if not new:
             return new
-        have = self.objects.view(head).ids()
+        view: View = yield from self.objects.view(head)
+        have = view.frozen_ids()
         return {k: v for k, v in new.items() if k not in have}
 
-    def holds(self, head: Head, entry: LogEntry) -> bool:
+    def holds(self, head: Head, entry: LogEntry) -> Step[bool]:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
         parent (it would come after that)."""
-        for seen in self.iter_newest_first(head):
+        for seen in (yield from self.newest_first(head)):
             if seen.id == entry.id:
                 return True
             if seen.id in entry.parents:
                 return False
         return False
 
-    def entries(self, head: Head) -> list[LogEntry]:
+    def entries(self, head: Head) -> Step[list[LogEntry]]:
         """Every entry, oldest first."""
         if not head.peaks:
             return list(head.tail)
-        view = self.objects.view(head)
+        view: View = yield from self.objects.view(head)
+        return self.log_entries(head, view)
+
+    def log_entries(self, head: Head, view: View | None) -> list[LogEntry]:
+        """Every entry, oldest first, from a view of the head."""
+        if not head.peaks:
+            return list(head.tail)
+        assert view is not None
         return self._read_trees([p.id for p in head.peaks], view) + list(head.tail)
 
     def _read_trees(self, roots: list[ObjectId], view: View) -> list[LogEntry]:
@@ -259,61 +303,68 @@ class RefStore:
     def update(
         self,
         thread_id: str,
-        change: Callable[[Ref | None], tuple[Head | None, dict[ObjectId, bytes]]],
+        change: Change,
         *,
         expected_head: CheckpointId | None | object = ...,
         current: Ref | None | object = ...,
-        done: Callable[[Ref], bool] | None = None,
-    ) -> Ref | None:
+        done: Callable[[Ref], Step[bool]] | None = None,
+    ) -> Step[Ref | None]:
         """Compare-and-swap loop. ``change`` maps the current ref to a new head (None deletes
-        the ref) and the new segments it needs; it is called again after a lost race. With
-        ``expected_head``, a head that is not the expected one raises ConflictError.
-        ``current`` is a ref the caller believes current (it may be stale: it is only a guess
-        that saves a read). ``done(ref)``, asked after a lost race, says whether ``ref`` already
-        holds the change (our write landed, its reply was lost, and another writer built on
-        it): then the change is not applied twice. The new objects go inline into the head or
-        into packs (``packing.stage``), written before the ref that names them. Returns the ref
-        written (or the one found holding the change), or None when it was deleted."""
+        the ref) and the new segments it needs (a step: it may read); it is run again after a
+        lost race. With ``expected_head``, a head that is not the expected one raises
+        ConflictError. ``current`` is a ref the caller believes current (it may be stale: it is
+        only a guess that saves a read). ``done(ref)``, asked after a lost race, says whether
+        ``ref`` already holds the change (our write landed, its reply was lost, and another
+        writer built on it): then the change is not applied twice. The new objects go inline
+        into the head or into packs (``packing.stage``), written before the ref that names
+        them. Returns the ref written (or the one found holding the change), or None when it
+        was deleted."""
         key = thread_key(thread_id)
         fresh = current is ...
-        ref = self.read(thread_id) if fresh else current
+        ref = (yield from self.read(thread_id)) if fresh else current
         for attempt in range(RETRIES):
             assert ref is None or isinstance(ref, Ref)
             actual = ref.head.head if ref else None
             if expected_head is not ... and actual != expected_head:
                 if not fresh:
-                    ref, fresh = self.read(thread_id), True
+                    ref, fresh = (yield from self.read(thread_id)), True
                     continue
                 raise ConflictError(thread_id, expected_head, actual)  # type: ignore[arg-type]
-            new_head, new_objects = change(ref)
+            new_head, new_objects = yield from change(ref)
             packs: dict[ObjectId, bytes] = {}
             if new_head is not None:
-                new_head, packs = packing.stage(new_head, new_objects, self.objects.pack_bytes,
-                                                self.inline_max)
-                self.objects.put_packs(packs)  # packs before the ref that names them
+                new_head, packs = yield from self._stage(new_head, new_objects)
+                yield from self.objects.put_packs(packs)  # packs before the ref that names them
             try:
                 if new_head is None:
                     if ref is not None:
-                        self.backend.delete_ref(key, ref.version)
+                        yield DeleteRef(key, ref.version)
                     return None
                 data = new_head.encode()
-
-                def refresh(packs: dict[ObjectId, bytes] = packs) -> None:
-                    self.objects.put_packs(packs)
-
-                expected = ref.version if ref else None
-                version = (self.backend.write_ref(key, data, expected, refresh=refresh)
-                           if packs else self.backend.write_ref(key, data, expected))
+                refresh = (partial(self.objects.put_packs_now, packs) if packs else None)
+                version = yield WriteRef(key, data, ref.version if ref else None, refresh)
                 return Ref(new_head, version)
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)
                 if attempt:
-                    time.sleep(random.uniform(0, min(RACE_WAIT, 0.002 * 2 ** min(attempt, 8))))
-                ref, fresh = self.read(thread_id), True
-                if done is not None and ref is not None and done(ref):
+                    yield Sleep(random.uniform(0, min(RACE_WAIT, 0.002 * 2 ** min(attempt, 8))))
+                ref, fresh = (yield from self.read(thread_id)), True
+                if done is not None and ref is not None and (yield from done(ref)):
                     log.debug("ref %s already holds our change (a lost reply)", key)
                     return ref
         raise StorageError(
             f"thread {thread_id!r}: gave up after {RETRIES} lost compare-and-swap races; too many "
             "writers on one thread at once. Retry later or spread the writers over threads."
         )
+
+    def _stage(self, head: Head, new: dict[ObjectId, bytes]
+               ) -> Step[tuple[Head, dict[ObjectId, bytes]]]:
+        """``packing.stage``, reading the packs a merge needs (those not cached) first."""
+        fetched: dict[str, Pack] = {}
+        while True:
+            try:
+                return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
+                                     self.inline_max)
+            except NeedPacks as need:
+                got = yield from self.objects.packs(need.ids)
+                fetched.update(got)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .errors import InvalidArgumentError, StorageError
 from .objects import Head, ObjectId, PackRef, Record, Segment, decode_node
 from .objstore import View
+from .ops import Step
 from .packing import make_pack
 from .refs import Ref, RefStore, new_lineage
 
@@ -54,14 +55,19 @@ class RepackReport:
                 "gc deletes them once older than its grace)")
 
 
-def repack(refs: RefStore, threads: list[str], *, min_garbage: float,
-           dry_run: bool) -> RepackReport:
-    if not isinstance(min_garbage, (int, float)) or not 0 <= min_garbage <= 1:
+def check(min_garbage: object) -> None:
+    if (not isinstance(min_garbage, (int, float)) or isinstance(min_garbage, bool)
+            or not 0 <= min_garbage <= 1):
         raise InvalidArgumentError(f"min_garbage must be a fraction in [0, 1], not "
                                    f"{min_garbage!r}")
+
+
+def repack(refs: RefStore, threads: list[str], *, min_garbage: float,
+           dry_run: bool) -> Step[RepackReport]:
+    check(min_garbage)
     out = []
     for thread in threads:
-        got = repack_thread(refs, thread, min_garbage=min_garbage, dry_run=dry_run)
+        got = yield from repack_thread(refs, thread, min_garbage=min_garbage, dry_run=dry_run)
         if got is not None:
             out.append(got)
     return RepackReport(dry_run, tuple(out))
@@ -94,14 +100,14 @@ def reachable(head: Head, view: View) -> set[str]:
 
 
 def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
-                  dry_run: bool) -> ThreadRepack | None:
+                  dry_run: bool) -> Step[ThreadRepack | None]:
     """Repack one thread when at least ``min_garbage`` of its pack bytes are unreachable."""
     for _ in range(ATTEMPTS):
-        ref = refs.read(thread_id)
+        ref = yield from refs.read(thread_id)
         if ref is None or ref.head.head is None:
             return None
         head = ref.head
-        view = refs.objects.view(head)
+        view: View = yield from refs.objects.view(head)
         keep = reachable(head, view)
         packed = {oid: obj for pack in view.packs for oid, obj in pack.objects.items()}
         before = sum(len(v) for v in packed.values())
@@ -112,18 +118,19 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
             return report
         level = max(p.level for p in head.packs)
         pack, data = make_pack(kept, level)
-        refs.objects.put_packs({pack.id: data})  # the pack before the ref that names it
+        yield from refs.objects.put_packs({pack.id: data})  # the pack, then the ref naming it
 
         def change(cur: Ref | None, ref: Ref = ref, pack: PackRef = pack
-                   ) -> tuple[Head | None, dict[ObjectId, bytes]]:
+                   ) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             if cur is None or cur.version != ref.version:
                 raise _Moved
             h = cur.head
             return Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pack,), h.inline,
                         new_lineage()), {}
+            yield  # pragma: no cover - a step
 
         try:
-            refs.update(thread_id, change, current=ref)
+            yield from refs.update(thread_id, change, current=ref)
         except _Moved:
             continue  # a save landed meanwhile: look again
         return ThreadRepack(thread_id, len(head.packs), before, after, True)

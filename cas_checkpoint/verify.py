@@ -1,7 +1,8 @@
 """Integrity audit of a store: prove that every checkpoint a ref reaches is intact, and name what
 is not. Used by :meth:`CheckpointStore.verify` and ``cas-checkpoint verify``.
 
-The audit reads every ref, then the packs they name in rounds of a few threads (each pack once,
+The audit is a step (``ops.py``): it yields its reads, and ``ops.run`` or ``ops.arun`` carries
+them out. It reads every ref, then the packs they name in rounds of a few threads (each pack once,
 dropped when no thread left needs it), and walks each thread as a load looks: log segments ->
 log entries -> records -> state node trees, each object taken from the head's inline objects or
 its packs. **quick** (``deep=False``): every entry under ``refs/heads`` is a regular file named
@@ -17,34 +18,18 @@ in, else the ref that should reach it) and the threads and checkpoints it breaks
 by 30 checkpoints names those 30; a node missing from a fork's packs names the fork's only.
 Packs no ref names are garbage for gc (counted, not errors).
 
-``VerifyReport.to_dict()`` / ``to_json()`` keys (stable): ``ok``, ``url``, ``deep``, ``sample``,
-``thread``, ``threads`` (refs read), ``checkpoints`` (distinct log entries), ``objects``
-(distinct objects reached), ``objects_hashed``, ``bytes_hashed``, ``by_kind``
-(``{"pack"|"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
-``unreachable_objects``, ``unreachable_bytes`` (packs no ref names; null for one thread),
-``seconds``, ``problems`` (``[{"kind", "what", "object", "path", "detail", "threads",
-"checkpoints"}]``). Kinds: ``missing``; ``corrupt`` (bytes do not hash to their name, or a ref's
-checksum fails); ``undecodable``; ``unreadable`` (the storage refused, or a ref is not a regular
-file); ``stray`` (an entry under ``refs/heads`` named as no thread's ref); ``dangling_ref`` (a
-head not in its log); ``mismatch`` (a ref, log entry, log peak or pack size disagrees with what
-it names); ``too_deep`` (deeper than the ``MAX_DEPTH`` levels a load follows: the object is the
-node where the bound is crossed); ``too_big`` (expands past a load's budget). ``what``: ``ref``,
-``pack``, ``segment``, ``record``, ``node``, or ``object`` (an unreached object of no known kind).
+The report (``verify_report.py``) names its JSON keys and the kinds of problem.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from ._fmt import human_bytes as _human
 from .backends import Backend
 from .errors import (
     CasError,
@@ -56,99 +41,15 @@ from .errors import (
 )
 from .objects import Head, LogEntry, Record, Segment, decode_node, object_id, pack_prefix
 from .objstore import PREFIX, Pack, key_pack_id, pack_key, parse_pack
+from .ops import GetMany, List, ListMany, ReadRef, ReadRefs, Step
 from .refs import HEADS, RefStore, is_hashed_key, thread_from_key, thread_key
 from .shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH
+from .verify_report import Problem, Progress, VerifyReport
 
 PACK_BATCH = 64  # packs read per round, at most
 BATCH_BYTES = 256 << 20  # pack bytes read per round, about (a bigger thread gets its own round)
 ID_COST = 32  # what a load charges per child id (join.ID_COST)
 KINDS = {b"N": "node", b"C": "record", b"L": "segment"}
-
-Progress = Callable[[int, int], None]
-"""``progress(done, total)``: packs read and objects checked so far, of about ``total``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    kind: str  # missing | corrupt | undecodable | unreadable | stray | dangling_ref | mismatch
-    #            | too_deep | too_big
-    what: str  # ref | pack | segment | record | node | object
-    object: str | None  # object or pack id, or the checkpoint id a ref names
-    path: str  # storage key under the store's root
-    detail: str
-    threads: tuple[str, ...] = ()  # threads this breaks
-    checkpoints: tuple[str, ...] = ()  # checkpoints whose record or state this breaks
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "what": self.what, "object": self.object, "path": self.path,
-                "detail": self.detail, "threads": list(self.threads),
-                "checkpoints": list(self.checkpoints)}
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    url: str
-    deep: bool
-    sample: float | None
-    thread: str | None
-    problems: list[Problem] = field(default_factory=list)
-    threads: int = 0
-    checkpoints: int = 0
-    objects: int = 0  # distinct objects reached (segments, records, nodes)
-    objects_hashed: int = 0
-    bytes_hashed: int = 0
-    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
-    unreachable_objects: int | None = None  # packs no ref names (garbage for gc)
-    unreachable_bytes: int | None = None
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def broken_checkpoints(self) -> set[str]:
-        return {c for p in self.problems for c in p.checkpoints}
-
-    def broken_threads(self) -> set[str]:
-        return {t for p in self.problems for t in p.threads}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "url": self.url, "deep": self.deep, "sample": self.sample,
-                "thread": self.thread, "threads": self.threads, "checkpoints": self.checkpoints,
-                "objects": self.objects, "objects_hashed": self.objects_hashed,
-                "bytes_hashed": self.bytes_hashed, "by_kind": self.by_kind,
-                "unreachable_objects": self.unreachable_objects,
-                "unreachable_bytes": self.unreachable_bytes, "seconds": round(self.seconds, 3),
-                "problems": [p.to_dict() for p in self.problems]}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    def to_text(self) -> str:
-        mode = "deep" if self.deep else "quick"
-        if self.deep and self.sample is not None:
-            mode += f" (sample {self.sample:g})"
-        lines = [f"verify {self.url} ({mode}"
-                 + (f", thread {self.thread!r})" if self.thread is not None else ")"),
-                 f"  {self.threads} threads, {self.checkpoints} checkpoints, {self.objects} "
-                 f"objects reached in {self.by_kind.get('pack', {}).get('objects', 0)} packs; "
-                 f"{self.objects_hashed} hashed ({_human(self.bytes_hashed)}) in "
-                 f"{self.seconds:.2f} s"]
-        if self.unreachable_objects is not None:
-            lines.append(f"  unreachable (garbage for gc, not an error): "
-                         f"{self.unreachable_objects} packs, {_human(self.unreachable_bytes or 0)}")
-        if self.ok:
-            return "\n".join([*lines, "OK: no problems found"])
-        lines.append(f"{len(self.problems)} PROBLEMS, breaking {len(self.broken_checkpoints())} "
-                     f"checkpoints in {len(self.broken_threads())} threads:")
-        for p in self.problems:
-            lines.append(f"  {p.kind} {p.what} {p.path}: {p.detail}")
-            if p.threads:
-                lines.append("    threads: " + ", ".join(repr(t) for t in p.threads))
-            if p.checkpoints:
-                lines.append(f"    checkpoints ({len(p.checkpoints)}): "
-                             + ", ".join(p.checkpoints))
-        return "\n".join(lines)
 
 
 class _Audit:
@@ -234,10 +135,11 @@ class _Audit:
         stats["bytes_hashed"] += n
 
 
-    def read_refs(self) -> dict[str, Head]:
+    def read_refs(self) -> Step[dict[str, Head]]:
         """Every ref (or the one asked for), read in parallel, decoded and checked."""
         keys = [] if self.thread_id is None else [thread_key(self.thread_id)]
-        for info in self.backend.list(HEADS) if self.thread_id is None else ():  # may raise
+        listed = (yield List(HEADS)) if self.thread_id is None else ()  # may raise
+        for info in listed:
             name = info.key.rsplit("/", 1)[-1]
             if ".tmp-" in name or name.endswith(".lock"):
                 continue  # a writer's temp or lock file
@@ -251,14 +153,7 @@ class _Audit:
             else:
                 keys.append(info.key)
 
-        def read(key: str) -> tuple[bytes, str] | CasError | None:
-            try:
-                return self.backend.read_ref(key)
-            except CasError as exc:
-                return exc
-
-        with ThreadPoolExecutor(max(1, min(self.backend.concurrency, 16, len(keys)))) as pool:
-            got = dict(zip(keys, pool.map(read, keys), strict=True))
+        got = dict(zip(keys, (yield from _read_each(keys)), strict=True))
         heads: dict[str, Head] = {}
         for key in sorted(keys):
             ref, want = got[key], _key_thread(key)
@@ -308,15 +203,17 @@ class _Audit:
         if group:
             yield group
 
-    def read_packs(self, pids: list[str]) -> None:
+    def read_packs(self, pids: list[str]) -> Step[None]:
         """Each pack exists, hashes to its name and has an index (else a pack problem)."""
+        if not pids:
+            return
         try:
-            got = self.backend.get_many(pack_key(p) for p in pids)
+            got = yield GetMany([pack_key(p) for p in pids])
         except StorageError:  # which one? one at a time
             got = {}
             for pid in pids:
                 try:
-                    got.update(self.backend.get_many([pack_key(pid)]))
+                    got.update((yield GetMany([pack_key(pid)])))
                 except StorageError as exc:
                     self.bad_packs[pid] = ("unreadable", str(exc))
         for pid in pids:
@@ -574,9 +471,9 @@ class _Audit:
         return distinct >= need
 
 
-    def run(self) -> VerifyReport:
+    def run(self) -> Step[VerifyReport]:
         t0 = time.perf_counter()
-        heads = self.read_refs()
+        heads = yield from self.read_refs()
         left: dict[str, int] = {}
         for head in heads.values():
             for pid in {p.id for p in head.packs}:
@@ -584,7 +481,7 @@ class _Audit:
             self.total += len(head.inline) + sum(p.count for p in head.packs)
         self.total += len(left)
         for group in self.rounds(heads):
-            self.read_packs(list(dict.fromkeys(
+            yield from self.read_packs(list(dict.fromkeys(
                 p.id for _, h in group for p in h.packs if p.id not in self.packs)))
             for key, head in group:
                 self.walk(key, head)
@@ -601,14 +498,32 @@ class _Audit:
         r.objects_hashed = sum(k["hashed"] for k in r.by_kind.values())
         r.bytes_hashed = sum(k["bytes_hashed"] for k in r.by_kind.values())
         if self.thread_id is None:  # 256 prefixes listed at once (one request when small)
-            garbage = [i.size for i in self.backend.list_many(
-                f"{PREFIX}/{n:02x}" for n in range(256))
-                if (k := key_pack_id(i.key)) is not None and k not in self.named_by]
+            listed = yield ListMany([f"{PREFIX}/{n:02x}" for n in range(256)])
+            garbage = [i.size for i in listed
+                       if (k := key_pack_id(i.key)) is not None and k not in self.named_by]
             r.unreachable_objects, r.unreachable_bytes = len(garbage), sum(garbage)
         r.seconds = time.perf_counter() - t0
         if self.progress is not None:
             self.progress(self.done, self.done)
         return r
+
+
+def _read_each(keys: list[str]) -> Step[list[tuple[bytes, str] | CasError | None]]:
+    """Refs read in parallel: ``(bytes, version)``, None (gone) or the error reading it raised
+    (then each is read on its own, to tell which failed)."""
+    if not keys:
+        return []
+    try:
+        both: list[tuple[bytes, str] | None] = yield ReadRefs(keys)
+        return list(both)
+    except CasError:
+        out: list[tuple[bytes, str] | CasError | None] = []
+        for key in keys:
+            try:
+                out.append((yield ReadRef(key)))
+            except CasError as exc:
+                out.append(exc)
+        return out
 
 
 def _node(data: Any) -> tuple[tuple[str, ...], int]:
@@ -656,9 +571,13 @@ def _diff(a: LogEntry, b: LogEntry) -> str:
 
 
 def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float | None = None,
-           thread_id: str | None = None, progress: Progress | None = None) -> VerifyReport:
-    """Audit the store behind ``backend`` (see the module docstring). ``refs`` is the store's
-    RefStore, unused: the audit reads refs and packs from storage, never from a cache."""
+           thread_id: str | None = None, progress: Progress | None = None
+           ) -> Step[VerifyReport]:
+    """The audit of the store behind ``backend`` (see the module docstring), as a step for
+    ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
+    now, before any I/O. ``refs`` is the store's RefStore, unused: the audit reads refs and
+    packs from storage, never from a cache. ``progress`` is called from the step (on the event
+    loop's thread under ``arun``)."""
     del refs
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int | float)
                                or not 0 < sample <= 1):
@@ -673,4 +592,4 @@ def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float
                   progress=progress).run()
 
 
-__all__ = ["Problem", "VerifyReport", "verify"]
+__all__ = ["Problem", "Progress", "VerifyReport", "verify"]

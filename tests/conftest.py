@@ -76,9 +76,114 @@ def moto_server() -> Iterator[dict[str, Any]]:
         server.stop()
 
 
+class AsyncFace:
+    """An ``AsyncCheckpointStore`` driven from sync test code: its coroutines run on an event
+    loop in a thread of its own, so the contract tests written for ``CheckpointStore`` run
+    unchanged against the async face. ``backend`` is the store's own backend where it has sync
+    methods (memory, local); for S3 (whose backend is bound to the loop) it is a sync view that
+    awaits the backend's methods on that loop. ``refs``/``objects`` run their steps through
+    the async driver, on the store's own objects."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        import asyncio
+        import threading
+
+        from cas_checkpoint.aio import AsyncCheckpointStore
+        from cas_checkpoint.ops import arun
+        from cas_checkpoint.store import _Blocking
+
+        self._loop = loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, daemon=True)
+        self._thread.start()
+        self._astore = astore = self._call(AsyncCheckpointStore.open(url, **kw))
+        core = astore._core
+        sync_ok = not getattr(getattr(core.backend, "fs", None), "asynchronous", False)
+        self.backend = core.backend if sync_ok else _SyncView(core.backend, self._call)
+        self.types, self.keep_last = core.types, core.keep_last
+
+        def runner(step: Any) -> Any:
+            return self._call(arun(step, core.backend))
+
+        self.refs = _Blocking(core.refs, core.backend, runner)
+        self.objects = _Blocking(core.objects, core.backend, runner)
+
+    def _call(self, coro: Any) -> Any:
+        import asyncio
+
+        async def wrapped() -> Any:
+            return await coro
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(timeout=300)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._astore, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kw: Any) -> Any:
+            return self._call(attr(*args, **kw))
+
+        return call
+
+    def close(self) -> None:
+        self._call(self._astore.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+class _SyncView:
+    """Sync calls on an async-only backend, awaited on its loop (for tests that inspect it)."""
+
+    def __init__(self, backend: Any, call: Any) -> None:
+        self._backend, self._call = backend, call
+        self.url = backend.url
+
+    def __getattr__(self, name: str) -> Any:
+        import inspect
+
+        twin = getattr(self._backend, "a" + name, None)
+        if twin is None or not inspect.iscoroutinefunction(twin):
+            return getattr(self._backend, name)
+        return lambda *a, **kw: self._call(twin(*a, **kw))
+
+    def get(self, key: str) -> bytes:
+        from cas_checkpoint.errors import NotFoundError
+
+        data = self.get_many([key])[key]
+        if data is None:
+            raise NotFoundError(f"{key} does not exist")
+        return data  # type: ignore[no-any-return]
+
+
+_FACES: list[AsyncFace] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _close_async_faces() -> Iterator[None]:
+    yield
+    for face in _FACES:
+        try:
+            face.close()
+        except Exception:
+            pass
+
+
 def open_store(kind: str, tmp_path: Any, request: pytest.FixtureRequest,
                **kw: Any) -> CheckpointStore:
     name = uuid.uuid4().hex[:12]
+    if kind.endswith("-async"):
+        base = kind.removesuffix("-async")
+        if base == "memory":
+            url = f"memory://cas-{name}"
+        elif base == "local":
+            url = str(tmp_path / f"store-{name}")
+        else:
+            server = request.getfixturevalue("moto_server")
+            url = f"s3://{server['bucket']}/{name}"
+            kw.setdefault("storage_options", server["storage_options"])
+        face = AsyncFace(url, **kw)
+        _FACES.append(face)
+        return face  # type: ignore[return-value]
     if kind == "memory":
         return CheckpointStore.open(f"memory://cas-{name}", **kw)
     if kind == "local":

@@ -54,9 +54,7 @@ def packed(store: CheckpointStore, **kw: Any) -> CheckpointStore:
 
 def fresh(store: CheckpointStore) -> CheckpointStore:
     """Another store on the same storage, with an empty cache."""
-    other = CheckpointStore.__new__(CheckpointStore)
-    other._init(store.backend, store.types)
-    return other
+    return CheckpointStore.from_backend(store.backend, types=store.types)
 
 
 def all_load(store: CheckpointStore) -> int:
@@ -162,16 +160,16 @@ def test_prune_every_thread_and_errors(store: CheckpointStore) -> None:
 def test_prune_never_loses_a_concurrent_save(store: CheckpointStore) -> None:
     ids = [store.save("t", state(i)).id for i in range(5)]
     other = fresh(store)
-    real = store.refs.entries
+    real = store._core.refs.entries  # a step (ops.py): wrapped as one
     calls = {"n": 0, "id": ""}
 
     def entries(head: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:  # inside prune's compare-and-swap: another writer saves first
             calls["id"] = other.save("t", state(99)).id
-        return real(head)
+        return (yield from real(head))
 
-    store.refs.entries = entries  # type: ignore[method-assign]
+    store._core.refs.entries = entries  # type: ignore[method-assign]
     store.prune("t", keep_last=2)
     assert [c.id for c in store.history("t")] == [calls["id"], ids[4]]
     assert store.load("t").state == state(99)

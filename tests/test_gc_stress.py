@@ -89,7 +89,7 @@ def check_all(url: str, options: dict[str, Any] | None) -> int:
 
     def one(item: tuple[Any, str]) -> None:
         head, cid = item
-        cp = store._load(store.objects.view(head), cid, head.thread_id)
+        cp = store._core.decode(store.objects.view(head), cid, head.thread_id)
         assert cp.state == pool_state(cp.state["step"], cp.state["scale"]), cid
 
     with ThreadPoolExecutor(8) as pool:
@@ -195,7 +195,7 @@ def _check_refs(url: str, options: dict[str, Any] | None) -> int:
             continue
         view = store.objects.view(ref.head)
         for entry in store.refs.entries(ref.head):
-            check_state(store._load(view, entry.id, thread).state)
+            check_state(store._core.decode(view, entry.id, thread).state)
             n += 1
     return n
 
@@ -362,8 +362,7 @@ class Model(RuleBasedStateMachine):
 
     @invariant()
     def every_modelled_checkpoint_loads(self) -> None:
-        s = CheckpointStore.__new__(CheckpointStore)
-        s._init(self.store.backend, self.store.types)  # an empty cache
+        s = CheckpointStore.from_backend(self.store.backend, types=self.store.types)  # no cache
         assert set(s.threads()) == set(self.logs)
         for t, log in self.logs.items():
             assert s.head(t) == self.heads[t]

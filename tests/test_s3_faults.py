@@ -153,7 +153,7 @@ def test_lost_reply_then_built_upon_is_not_appended_twice(
     first = store.save("t", make_state(0, 0), metadata={"w": 0, "i": 0})
     real = store.backend.write_ref
 
-    def lost_reply(key: str, data: bytes, version: str | None) -> str:
+    def lost_reply(key: str, data: bytes, version: str | None, refresh: object = None) -> str:
         real(key, data, version)  # applied...
         other.save("t", make_state(1, 0), metadata={"w": 1, "i": 0})  # ...built upon...
         raise RefMismatch(key)  # ...and the reply we got says 412

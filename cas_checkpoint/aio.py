@@ -1,0 +1,230 @@
+"""``AsyncCheckpointStore``: the awaitable face of cas_checkpoint, for agents that serve many
+threads from one event loop.
+
+    store = await AsyncCheckpointStore.open("s3://bucket/agents")
+    info = await store.save("thread-1", state, label="after-tool")
+    cp = await store.load("thread-1")
+    async for info in store.history("thread-1", limit=50): ...
+
+Every method runs the same step as ``CheckpointStore``'s (``core.py``) with ``ops.arun``: S3
+requests are s3fs's native coroutines on the caller's loop (no thread per call), local disk
+calls run on a small thread pool of the backend's, memory:// answers inline. Encoding and hashing
+run on the loop: a save of a state whose new part is large (megabytes) holds the loop while it
+hashes that part.
+
+Cancellation: a save (or any edit) cancelled before it sent its commit (the ref write) did not
+land, and left at most unreferenced packs for gc. One cancelled after that finishes its commit
+first (a request or two; the cancellation waits for it), then raises ``CancelledError``; then
+``landed(exc)`` is what the call would have returned (a save's ``CheckpointInfo``), or None if
+the commit lost. So after a cancelled save, ``landed(exc)`` tells the caller whether it landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Generator, Iterable, Mapping
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from . import gc as gcmod
+from .backends import Backend, backend_for, open_backend_async
+from .core import CACHE_BYTES, UNSET, Core
+from .model import Checkpoint, CheckpointInfo, StoreStats
+from .objects import CheckpointId
+from .ops import Step, arun, landed
+from .repack import RepackReport
+from .retention import PruneReport
+from .store import check_open_args
+from .verify_report import Progress, VerifyReport
+
+__all__ = ["AsyncCheckpointStore", "landed"]
+
+T = TypeVar("T")
+
+
+class Listing:
+    """A list of checkpoints to ``await`` whole or iterate with ``async for``."""
+
+    def __init__(self, coro: Any) -> None:
+        self._coro = coro
+        self._items: list[CheckpointInfo] | None = None
+
+    def __await__(self) -> Generator[Any, None, list[CheckpointInfo]]:
+        return self._get().__await__()
+
+    async def _get(self) -> list[CheckpointInfo]:
+        if self._items is None:
+            self._items = await self._coro
+        return self._items
+
+    async def __aiter__(self) -> AsyncIterator[CheckpointInfo]:
+        for item in await self._get():
+            yield item
+
+
+class AsyncCheckpointStore:
+    """Checkpoints of agent state in a content-addressed object store, awaitable.
+
+    Open one with :meth:`open` (a directory path, ``memory://name``, ``s3://bucket/prefix``),
+    inside the event loop that will use it. One store object serves any number of tasks at once.
+    """
+
+    def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
+                 allow_unsafe: bool = False, keep_last: int | None = None,
+                 cache_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+        """A store over an fsspec filesystem object (for S3, one made with
+        ``asynchronous=True`` inside the running loop) and a root path inside it."""
+        self._init(Core(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last,
+                        cache_dir, cache_bytes))
+
+    @classmethod
+    async def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
+                   types: Iterable[type] = (), allow_unsafe: bool = False,
+                   keep_last: int | None = None, cache_dir: str | Any | None = None,
+                   cache_bytes: int = CACHE_BYTES, retries: int | None = None,
+                   timeout: float | None = None) -> AsyncCheckpointStore:
+        """Open (creating if needed) the store at ``url``; the arguments are those of
+        ``CheckpointStore.open``. For S3 this makes an s3fs session bound to the running event
+        loop: use the store from that loop, and ``await store.aclose()`` (or ``async with``)
+        when done."""
+        check_open_args(retries, timeout)
+        url = str(url) if hasattr(url, "__fspath__") else url
+        backend = await open_backend_async(url, dict(storage_options or {}),
+                                           allow_unsafe=allow_unsafe, retries=retries,
+                                           timeout=timeout)
+        store = cls.__new__(cls)
+        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        return store
+
+    def _init(self, core: Core) -> None:
+        self._core = core
+        self.backend: Backend = core.backend
+        self.types = core.types
+        self.keep_last = core.keep_last
+
+    async def _run(self, step: Step[T]) -> T:
+        return await arun(step, self.backend)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def __repr__(self) -> str:
+        return f"AsyncCheckpointStore({self.url!r})"
+
+    async def aclose(self) -> None:
+        """Release the store's connections (S3) and threads (local disk)."""
+        await self.backend.aclose()
+
+    async def __aenter__(self) -> AsyncCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- writing ---
+
+    async def save(self, thread_id: str, state: Any, *, label: str | None = None,
+                   tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
+                   expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+        """Store ``state`` as the new head of ``thread_id`` (see ``CheckpointStore.save``).
+        Many tasks may save to one thread at once: every save lands, each on the head before
+        it (compare-and-swap)."""
+        return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
+                                               metadata=metadata, expected_head=expected_head))
+
+    # --- reading ---
+
+    async def load(self, thread_id: str,
+                   checkpoint_id: CheckpointId | None = None) -> Checkpoint:
+        """The head of ``thread_id``, or one of its checkpoints by id."""
+        return await self._run(self._core.load(thread_id, checkpoint_id))
+
+    async def get(self, checkpoint_id: CheckpointId) -> Checkpoint:
+        """Any checkpoint by id alone, whatever its thread."""
+        return await self._run(self._core.get(checkpoint_id))
+
+    def history(self, thread_id: str, *, limit: int | None = None,
+                before: CheckpointId | None = None) -> Listing:
+        """Checkpoints of a thread, newest first, without states: ``await`` it for a list, or
+        ``async for`` over it."""
+        return Listing(self._run(self._core.history(thread_id, limit=limit, before=before)))
+
+    def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
+             metadata: Mapping[str, Any] | None = None) -> Listing:
+        """Checkpoints (newest first) with this label, this tag and these metadata values:
+        ``await`` it or ``async for`` over it."""
+        return Listing(self._run(self._core.find(thread_id, label=label, tag=tag,
+                                                 metadata=metadata)))
+
+    async def threads(self) -> list[str]:
+        """Every thread in the store, sorted."""
+        return await self._run(self._core.threads())
+
+    async def count(self, thread_id: str) -> int:
+        """Number of checkpoints in a thread (from its head alone)."""
+        return await self._run(self._core.count(thread_id))
+
+    async def head(self, thread_id: str) -> CheckpointId | None:
+        """The head checkpoint id of a thread, or None if the thread does not exist."""
+        return await self._run(self._core.head(thread_id))
+
+    # --- history edits ---
+
+    async def fork(self, thread_id: str, checkpoint_id: CheckpointId,
+                   new_thread_id: str) -> CheckpointInfo:
+        """Start ``new_thread_id`` at a checkpoint of ``thread_id``; no state is copied."""
+        return await self._run(self._core.fork(thread_id, checkpoint_id, new_thread_id))
+
+    async def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
+                     expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+        """Move the head back to a checkpoint; checkpoints added after it leave the thread."""
+        return await self._run(self._core.rewind(thread_id, checkpoint_id,
+                                                 expected_head=expected_head))
+
+    async def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
+        """Remove one checkpoint from a thread (see ``CheckpointStore.delete``)."""
+        await self._run(self._core.delete(thread_id, checkpoint_id))
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Remove a thread's ref; its objects stay until gc."""
+        await self._run(self._core.delete_thread(thread_id))
+
+    # --- audit, retention, gc ---
+
+    async def verify(self, *, deep: bool = True, sample: float | None = None,
+                     thread_id: str | None = None,
+                     progress: Progress | None = None) -> VerifyReport:
+        """Audit the store (see ``CheckpointStore.verify``)."""
+        return await self._run(self._core.verify(deep=deep, sample=sample,
+                                                 thread_id=thread_id, progress=progress))
+
+    async def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
+                    older_than: timedelta | None = None, keep_labeled: bool = True,
+                    keep_tags: Iterable[str] = (), dry_run: bool = False) -> PruneReport:
+        """Drop checkpoints from threads' logs (see ``CheckpointStore.prune``)."""
+        return await self._run(self._core.prune(thread_id, keep_last=keep_last,
+                                                older_than=older_than, keep_labeled=keep_labeled,
+                                                keep_tags=keep_tags, dry_run=dry_run))
+
+    async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
+                     dry_run: bool = False) -> RepackReport:
+        """Rewrite packs that hold mostly garbage (see ``CheckpointStore.repack``)."""
+        return await self._run(self._core.repack(thread_id, min_garbage=min_garbage,
+                                                 dry_run=dry_run))
+
+    async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
+                 progress: gcmod.GCProgress | None = None,
+                 force: bool = False) -> gcmod.GCReport:
+        """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
+        return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
+                                             force=force))
+
+    # --- sizes ---
+
+    async def storage_bytes(self) -> int:
+        """Bytes stored under the root (packs and refs)."""
+        return await self._run(self._core.storage_bytes())
+
+    async def stats(self) -> StoreStats:
+        """Logical against physical bytes (see ``CheckpointStore.stats``)."""
+        return await self._run(self._core.stats())

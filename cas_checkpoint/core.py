@@ -1,0 +1,520 @@
+"""The store's logic, once: every operation of ``CheckpointStore`` and ``AsyncCheckpointStore``
+as a step (``ops.py``), a generator that yields its storage requests. The faces only drive them.
+
+State kept per store object (all of it content-addressed or checked, so never stale in a way
+that matters): the packs read (``ObjectStore``'s cache), recent encodings of states, the last
+ref seen per thread and which objects that thread's lineage is known to hold (so a save writes
+only what is new).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import Any
+
+from . import codec, retention, tree
+from . import gc as gcmod
+from . import repack as repackmod
+from .backends import Backend, ObjectInfo
+from .codec import TypeRegistry
+from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
+from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
+from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, inlinable, object_id
+from .objstore import ObjectStore, View
+from .ops import List, ReadRefs, Step
+from .refs import Ref, RefStore, build, new_lineage, thread_key
+from .refs import append as log_append
+from .repack import RepackReport
+from .verify import verify as verify_step
+from .verify_report import Progress, VerifyReport
+
+log = logging.getLogger("cas_checkpoint")
+log.addHandler(logging.NullHandler())
+
+UNSET: Any = ...
+CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
+STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
+LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
+
+
+class _Known:
+    """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
+    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
+    since."""
+
+    __slots__ = ("ids", "lineage", "view")
+
+    def __init__(self, lineage: bytes, view: View | None = None) -> None:
+        self.lineage, self.view, self.ids = lineage, view, set[str]()
+
+    def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
+        base = self.view.frozen_ids() if self.view is not None else frozenset()
+        return {k: nodes[k] for k in nodes.keys() - base - self.ids}
+
+
+class Core:
+    """What a store object holds, and its operations as steps."""
+
+    def __init__(self, backend: Backend, types: Iterable[type], keep_last: int | None = None,
+                 cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+        if keep_last is not None:
+            retention.check_policy(keep_last, None)
+        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
+            raise InvalidArgumentError(f"cache_bytes must be a non-negative int, not "
+                                       f"{cache_bytes!r}")
+        self.keep_last = keep_last
+        self.backend = backend
+        folder = None if cache_dir is None else str(cache_dir)
+        try:
+            self.objects = ObjectStore(backend, cache_bytes, folder)
+        except OSError as exc:
+            raise StorageError(f"cannot use cache_dir {folder!r}: {exc}") from exc
+        self.refs = RefStore(backend, self.objects)
+        self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
+        self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
+        self._have: dict[str, _Known] = {}  # objects known held by that thread's lineage
+        self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
+        self._memo_lock = threading.Lock()
+        # state root -> the state's whole encoding, for states this process saved or loaded
+        self._states: OrderedDict[str, bytes] = OrderedDict()
+        self._states_bytes = 0
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    # --- writing ---
+
+    def save(self, thread_id: str, state: Any, *, label: str | None = None,
+             tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
+             expected_head: CheckpointId | None = UNSET) -> Step[CheckpointInfo]:
+        t0 = time.perf_counter()
+        thread_key(thread_id)
+        label, tags_t, meta = check_meta(label, tags, metadata)
+        if expected_head is not UNSET and expected_head is not None:
+            expected_head = check_id(expected_head, "expected_head")
+        with self._memo_lock:
+            built = tree.build(state, self.types, self._memo)  # raises before writing anything
+        root, size, nodes = built.root, built.size, built.objects
+        encoded = built.data if size <= STATE_CACHE_BYTES // 4 else None
+        del built  # a big state's encoding is not kept while its packs are written
+        # A small root node goes inside the record instead of into an object of its own.
+        root_node = nodes[root]
+        inline = root_node if inlinable(root_node) else None
+        if inline is not None:
+            nodes = dict(nodes)
+            del nodes[root]
+        current = self._known.get(thread_id, UNSET)
+        known = self._have.get(thread_id)
+        saved: dict[str, Any] = {}
+
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            head = Head(thread_id, None, lineage=new_lineage()) if ref is None else ref.head
+            # Objects a head of this lineage held are held by every later head of it: skip
+            # writing the nodes this process saw there. Otherwise write them all.
+            skip = known if known is not None and known.lineage == head.lineage else None
+            new = dict(nodes) if skip is None else skip.missing(nodes)
+            parents = (head.head,) if head.head else ()
+            record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
+                            label, tags_t, meta, inline)
+            data = record.encode()
+            cid = CheckpointId(object_id(data))
+            new[ObjectId(cid)] = data
+            saved["entry"] = entry = record.entry(cid)
+            segments: dict[ObjectId, bytes] = {}
+            new_head = log_append(head, entry, segments)
+            # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
+            # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
+            if self.keep_last is not None and retention.prune_due(new_head.count, self.keep_last):
+                segments.clear()
+                new_head = yield from retention.pruned_head(self.refs, head, entry, self.keep_last,
+                                                        segments)
+                segments = yield from self.refs.missing(head, segments)
+            new.update(segments)
+            saved["new"], saved["lineage"], saved["skip"] = new, head.lineage, skip
+            return new_head, new
+
+        def holds(ref: Ref) -> Step[bool]:
+            return (yield from self.refs.holds(ref.head, saved["entry"])) if saved else False
+
+        self._known.pop(thread_id, None)
+        self._have.pop(thread_id, None)
+        ref = yield from self.refs.update(thread_id, change, expected_head=expected_head,
+                                          current=current, done=holds)
+        entry: LogEntry = saved["entry"]
+        if encoded is not None:
+            self._remember_state(root, encoded)
+        if ref is not None and ref.head.lineage == saved["lineage"]:
+            self._known[thread_id] = ref
+            have = saved["skip"] or _Known(saved["lineage"])
+            have.ids.update(saved["new"])  # every node not known before; the rest already were
+            self._have[thread_id] = have
+        log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
+                  (time.perf_counter() - t0) * 1000)
+        return info_of(entry, thread_id)
+
+    # --- reading ---
+
+    def ref(self, thread_id: str) -> Step[Ref]:
+        ref = yield from self.refs.read(thread_id)
+        if ref is None or ref.head.head is None:
+            raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
+                                "threads() lists the threads there are")
+        return ref
+
+    @staticmethod
+    def _not_in(thread_id: str, cid: str) -> NotFoundError:
+        return NotFoundError(
+            f"checkpoint {cid} is not in thread {thread_id!r}; history({thread_id!r}) lists its "
+            "checkpoints, and get(id) loads a checkpoint of any thread"
+        )
+
+    def _entry(self, thread_id: str, head: Head, view: View | None,
+               cid: CheckpointId) -> LogEntry:
+        for entry in self.refs.iter_newest_first(head, view):
+            if entry.id == cid:
+                return entry
+        raise self._not_in(thread_id, cid)
+
+    def load(self, thread_id: str, checkpoint_id: CheckpointId | None = None
+             ) -> Step[Checkpoint]:
+        t0 = time.perf_counter()
+        cid = None if checkpoint_id is None else check_id(checkpoint_id)
+        for attempt in range(LOAD_RETRIES):
+            ref = yield from self.ref(thread_id)
+            try:
+                cp = yield from self._load_ref(thread_id, ref, cid)
+                break
+            except NotFoundError:
+                # A pack merged away and collected since we read the ref? Read it again.
+                if attempt + 1 == LOAD_RETRIES or (yield from self.refs.read(thread_id)) == ref:
+                    raise
+        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
+                  (time.perf_counter() - t0) * 1000)
+        return cp
+
+    def _load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
+                  ) -> Step[Checkpoint]:
+        head = ref.head
+        cid = head.head if checkpoint_id is None else checkpoint_id
+        assert cid is not None
+        view: View = yield from self.objects.view(head)
+        if checkpoint_id is not None and cid != head.head:
+            self._entry(thread_id, head, view, cid)
+        elif all(e.id != cid for e in head.tail):  # a head edited to point outside its log
+            try:
+                self._entry(thread_id, head, view, cid)
+            except (IntegrityError, FormatError) as exc:  # the log is damaged, the head is not
+                log.warning("thread %r: cannot check its head against its log: %s", thread_id,
+                            exc)
+            except NotFoundError as exc:
+                if "is not in thread" in str(exc):
+                    raise
+                log.warning("thread %r: cannot check its head against its log: %s", thread_id,
+                            exc)
+        cp = self.decode(view, cid, thread_id)
+        if cid == head.head:  # a save that follows this load need not write what it holds
+            self._known[thread_id] = ref
+            self._have[thread_id] = _Known(head.lineage, view)
+        return cp
+
+    def get(self, checkpoint_id: CheckpointId) -> Step[Checkpoint]:
+        cid = check_id(checkpoint_id)
+        heads = [r.head for _, r in (yield from self._refs()) if r is not None]
+        views: list[View] = []
+        for head in heads:
+            if head.head is None:
+                continue
+            view = yield from self.objects.view(head)
+            views.append(view)
+            if any(e.id == cid for e in self.refs.iter_newest_first(head, view)):
+                return self.decode(view, cid, None)
+        for view in views:  # rewound or pruned out of every log: its objects stay until repacked
+            if cid in view.frozen_ids():
+                return self.decode(view, cid, None)
+        raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
+
+    def _refs(self) -> Step[list[tuple[str, Ref | None]]]:
+        """Every thread and its ref (read concurrently)."""
+        threads = yield from self.refs.threads()
+        keys = [thread_key(t) for t in threads]
+        got = yield ReadRefs(keys)
+        return [(t, self.refs.decode(t, k, g)) for t, k, g in zip(threads, keys, got,
+                                                                  strict=True)]
+
+    def _remember_state(self, root: str, data: bytes) -> None:
+        """Keep a state's encoding by its root id (content-addressed: it cannot go stale), so a
+        later load of that state decodes it in one pass."""
+        if len(data) > STATE_CACHE_BYTES // 4:
+            return
+        with self._memo_lock:
+            if root not in self._states:
+                self._states_bytes += len(data)
+            self._states[root] = data
+            self._states.move_to_end(root)
+            while self._states_bytes > STATE_CACHE_BYTES:
+                self._states_bytes -= len(self._states.popitem(last=False)[1])
+
+    def decode(self, view: View, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
+        """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them)."""
+        try:
+            record = Record.decode(view.get(cid))
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
+        with self._memo_lock:
+            cached = self._states.get(record.root)
+        if cached is not None:
+            return self._checkpoint(cid, thread_id, record,
+                                    codec.decode(cached, types=self.types))
+        inline = record.root_node
+
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
+            if inline is None:
+                return view.get_many(oids)
+            # the root is in the record (its hash covers it): read only the nodes under it
+            out = view.get_many(o for o in oids if o != record.root)
+            if record.root in oids:
+                out[record.root] = inline
+            return out
+
+        state = tree.load(record.root, fetch, self.types,
+                          max_bytes=2 * record.size + (1 << 20))
+        return self._checkpoint(cid, thread_id, record, state)
+
+    @staticmethod
+    def _checkpoint(cid: CheckpointId, thread_id: str | None, record: Record,
+                    state: Any) -> Checkpoint:
+        return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
+                          datetime.fromtimestamp(record.created_at, UTC), record.size,
+                          record.label, record.tags, record.metadata, state)
+
+    def history(self, thread_id: str, *, limit: int | None = None,
+                before: CheckpointId | None = None) -> Step[list[CheckpointInfo]]:
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 0):
+            raise InvalidArgumentError("limit must be a non-negative int or None")
+        if before is not None:
+            before = check_id(before, "before")
+        head = (yield from self.ref(thread_id)).head
+        out: list[CheckpointInfo] = []
+        skipping = before is not None
+
+        def take(entries: Iterator[LogEntry]) -> bool:  # True: enough
+            nonlocal skipping
+            for entry in entries:
+                if limit is not None and len(out) >= limit:
+                    return True
+                if skipping:
+                    skipping = entry.id != before
+                    continue
+                out.append(info_of(entry, thread_id))
+            return limit is not None and len(out) >= limit
+
+        if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
+            view = yield from self.refs.view(head)
+            take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+        if skipping:
+            raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
+        return out
+
+    def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
+             metadata: Mapping[str, Any] | None = None) -> Step[list[CheckpointInfo]]:
+        out = []
+        head = (yield from self.ref(thread_id)).head
+        for entry in (yield from self.refs.newest_first(head)):
+            if label is not None and entry.label != label:
+                continue
+            if tag is not None and tag not in entry.tags:
+                continue
+            if metadata and any(entry.metadata.get(k, UNSET) != v for k, v in metadata.items()):
+                continue
+            out.append(info_of(entry, thread_id))
+        return out
+
+    def threads(self) -> Step[list[str]]:
+        return (yield from self.refs.threads())
+
+    def count(self, thread_id: str) -> Step[int]:
+        return (yield from self.ref(thread_id)).head.count
+
+    def head(self, thread_id: str) -> Step[CheckpointId | None]:
+        ref = yield from self.refs.read(thread_id)
+        return ref.head.head if ref else None
+
+    # --- history edits (they change refs only; gc reclaims the objects) ---
+
+    def fork(self, thread_id: str, checkpoint_id: CheckpointId,
+             new_thread_id: str) -> Step[CheckpointInfo]:
+        cid = check_id(checkpoint_id)
+        thread_key(new_thread_id)
+        src = (yield from self.ref(thread_id)).head
+        entries = yield from self.refs.entries(src)
+        by_id = {e.id: e for e in entries}
+        if cid not in by_id:
+            raise self._not_in(thread_id, cid)
+        keep: set[str] = set()
+        todo = [cid]
+        while todo:
+            c = todo.pop()
+            if c in by_id and c not in keep:
+                keep.add(c)
+                todo.extend(by_id[c].parents)
+        kept = [e for e in entries if e.id in keep]
+
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            new: dict[ObjectId, bytes] = {}
+            base = Head(new_thread_id, None, packs=src.packs, inline=src.inline,
+                        lineage=new_lineage())
+            head = build(base, kept, cid, new)
+            return head, (yield from self.refs.missing(src, new))
+
+        if (yield from self.refs.read(new_thread_id)) is not None:
+            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
+                                       "fork into another name")
+        ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
+                                          current=None)
+        if ref is not None:  # the fork holds what its source held: a save need not resend it
+            self._known[new_thread_id] = ref
+            self._have[new_thread_id] = _Known(ref.head.lineage,
+                                               (yield from self.objects.view(ref.head)))
+        log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
+        return info_of(by_id[cid], new_thread_id)
+
+    def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
+               expected_head: CheckpointId | None = UNSET) -> Step[CheckpointInfo]:
+        cid = check_id(checkpoint_id)
+        found: dict[str, LogEntry] = {}
+
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if ref is None or ref.head.head is None:
+                raise NotFoundError(f"thread {thread_id!r} does not exist")
+            entries = yield from self.refs.entries(ref.head)
+            ids = [e.id for e in entries]
+            if cid not in ids:
+                raise self._not_in(thread_id, cid)
+            kept = entries[: ids.index(cid) + 1]
+            found["entry"] = kept[-1]
+            new: dict[ObjectId, bytes] = {}
+            head = build(ref.head, kept, cid, new)
+            return head, (yield from self.refs.missing(ref.head, new))
+
+        self._known.pop(thread_id, None)
+        current = yield from self.ref(thread_id)
+        yield from self.refs.update(thread_id, change, expected_head=expected_head,
+                                    current=current)
+        log.info("rewind %r to %s", thread_id, cid)
+        return info_of(found["entry"], thread_id)
+
+    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> Step[None]:
+        cid = check_id(checkpoint_id)
+
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if ref is None or ref.head.head is None:
+                raise NotFoundError(f"thread {thread_id!r} does not exist")
+            entries = yield from self.refs.entries(ref.head)
+            gone = next((e for e in entries if e.id == cid), None)
+            if gone is None:
+                raise self._not_in(thread_id, cid)
+            kept = [e for e in entries if e.id != cid]
+            if not kept:
+                return None, {}
+            head_id = ref.head.head
+            if head_id == cid:
+                ids = {e.id for e in kept}
+                head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
+            new: dict[ObjectId, bytes] = {}
+            head = build(ref.head, kept, head_id, new)
+            return head, (yield from self.refs.missing(ref.head, new))
+
+        self._known.pop(thread_id, None)
+        current = yield from self.ref(thread_id)
+        yield from self.refs.update(thread_id, change, current=current)
+        log.info("delete %s from %r", cid, thread_id)
+
+    def delete_thread(self, thread_id: str) -> Step[None]:
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            return None, {}
+            yield  # pragma: no cover - a step
+
+        self._known.pop(thread_id, None)
+        current = yield from self.ref(thread_id)
+        yield from self.refs.update(thread_id, change, current=current)
+        log.info("delete thread %r", thread_id)
+
+    # --- audit, retention, garbage collection ---
+
+    def verify(self, *, deep: bool = True, sample: float | None = None,
+               thread_id: str | None = None, progress: Progress | None = None
+               ) -> Step[VerifyReport]:
+        return (yield from verify_step(self.backend, self.refs, deep=deep, sample=sample,
+                                       thread_id=thread_id, progress=progress))
+
+    def _targets(self, thread_id: str | None) -> Step[list[str]]:
+        if thread_id is None:
+            return (yield from self.refs.threads())
+        yield from self.ref(thread_id)
+        return [thread_id]
+
+    def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
+              older_than: timedelta | None = None, keep_labeled: bool = True,
+              keep_tags: Iterable[str] = (), dry_run: bool = False
+              ) -> Step[retention.PruneReport]:
+        retention.check_policy(keep_last, older_than)
+        threads = yield from self._targets(thread_id)
+        report = yield from retention.prune(self.refs, threads, keep_last=keep_last,
+                                        older_than=older_than, keep_labeled=keep_labeled,
+                                        dry_run=dry_run, keep_tags=keep_tags)
+        for t in report.threads:
+            self._known.pop(t, None)
+        if report.removed:
+            log.info("prune %s", report.to_text().replace("\n", "; "))
+        return report
+
+    def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
+               dry_run: bool = False) -> Step[RepackReport]:
+        threads = yield from self._targets(thread_id)
+        report = yield from repackmod.repack(self.refs, threads, min_garbage=min_garbage,
+                                             dry_run=dry_run)
+        for t in report.threads:
+            if t.repacked:
+                self._known.pop(t.thread_id, None)
+                self._have.pop(t.thread_id, None)
+        log.info("%s", report.to_text())
+        return report
+
+    def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
+           progress: gcmod.GCProgress | None = None, force: bool = False
+           ) -> Step[gcmod.GCReport]:
+        report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
+                                          progress=progress, force=force)
+        if not dry_run:
+            self.objects.forget(report.deleted)
+        log.info("%s", report.to_text())
+        return report
+
+    # --- sizes ---
+
+    def storage_bytes(self) -> Step[int]:
+        packs: list[ObjectInfo] = yield List("packs")
+        refs: list[ObjectInfo] = yield List("refs")
+        return sum(i.size for i in packs) + sum(i.size for i in refs)
+
+    def stats(self) -> Step[StoreStats]:
+        sizes: dict[str, int] = {}
+        threads = yield from self._refs()
+        for _, ref in threads:
+            if ref is not None:
+                sizes.update((e.id, e.size) for e in (yield from self.refs.entries(ref.head)))
+        objects: list[ObjectInfo] = yield List("packs")
+        refs: list[ObjectInfo] = yield List("refs")
+        physical = sum(i.size for i in objects) + sum(i.size for i in refs)
+        logical = sum(sizes.values())
+        return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
+                          logical / physical if physical else 0.0, self.objects.hits,
+                          self.objects.misses)
