@@ -147,8 +147,37 @@ def hang_in_merge(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     out("done")
 
 
+def async_writer(cfg: dict[str, Any]) -> None:
+    """``tasks`` asyncio tasks on one AsyncCheckpointStore, saving in a loop to ``threads``."""
+    import asyncio
+
+    from cas_checkpoint.aio import AsyncCheckpointStore
+
+    async def main() -> None:
+        store = await AsyncCheckpointStore.open(cfg["url"],
+                                                storage_options=cfg.get("storage_options"))
+        if cfg.get("inline_max") is not None:
+            store._core.refs.inline_max = cfg["inline_max"]
+        out("ready")
+
+        async def task(t: int) -> None:
+            threads = cfg["threads"]
+            for i in range(cfg.get("n") or 10**9):
+                thread = threads[(t + i) % len(threads)]
+                state = make_state(cfg["writer"] * 1000 + t, i, cfg.get("pad", 0))
+                info = await store.save(thread, state, metadata={"t": t, "i": i})
+                out("ok", thread, info.id, state["sum"])
+
+        await asyncio.gather(*(task(t) for t in range(cfg["tasks"])))
+        out("done")
+
+    asyncio.run(main())
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    if cfg["role"] == "async_writer":
+        return async_writer(cfg)
     store = CheckpointStore.open(cfg["url"], storage_options=cfg.get("storage_options"),
                                  allow_unsafe=cfg.get("allow_unsafe", False))
     if cfg.get("inline_max") is not None:  # tiny: a pack every save, merges all the time
