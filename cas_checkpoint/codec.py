@@ -75,7 +75,7 @@ _RAW_CODES: Final = frozenset({_BIGINT, _UUID, _DECIMAL, _REF, _SPAN})
 _ZONE_KEY_RE: Final = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 _DECIMAL_RE: Final = re.compile(r"-?(?:[0-9]+(?:\.[0-9]+)?(?:E[+-][0-9]+)?|Infinity|s?NaN[0-9]*)")
 _USEC: Final = _dt.timedelta(microseconds=1)
-_DATACLASS, _MODEL, _ENUM = "dataclass", "pydantic model", "Enum"
+_DATACLASS, _MODEL, _ENUM, _ADAPTED = "dataclass", "pydantic model", "Enum", "adapted"
 _BUILTINS: Final = (dict, list, tuple, str, bytes, int, float, set, frozenset, _dt.datetime,
                     _dt.date, _dt.time, _dt.timedelta, uuid.UUID, decimal.Decimal)  # fmt: skip
 
@@ -86,6 +86,8 @@ class _Entry:
     kind: str
     fields: tuple[str, ...] = ()  # dataclass fields, in order
     no_init: frozenset[str] = frozenset()  # dataclass fields with init=False
+    to_data: Callable[[Any], Any] | None = None  # an adapted class: object -> plain data
+    from_data: Callable[[Any], Any] | None = None  # and back
 
 
 def _qualname(cls: type) -> str:
@@ -116,9 +118,16 @@ class TypeRegistry:
         for cls in types:
             self.register(cls)
 
-    def register(self, cls: type, name: str | None = None) -> None:
-        """Allow ``cls``, stored under ``name`` (default ``module.QualName``)."""
-        kind = _kind_of(cls) if isinstance(cls, type) else None
+    def register(self, cls: type, name: str | None = None, *,
+                 to_data: Callable[[Any], Any] | None = None,
+                 from_data: Callable[[Any], Any] | None = None) -> None:
+        """Allow ``cls``, stored under ``name`` (default ``module.QualName``). A class of
+        another kind is stored through an adapter: ``to_data(obj)`` gives storable data,
+        ``from_data(data)`` rebuilds the object (both are the caller's code, not the data's)."""
+        if (to_data is None) != (from_data is None):
+            raise InvalidArgumentError("pass both to_data and from_data, or neither")
+        adapted = to_data is not None and isinstance(cls, type)
+        kind = _ADAPTED if adapted else _kind_of(cls) if isinstance(cls, type) else None
         if kind is None:
             raise InvalidArgumentError(
                 f"cannot register {cls!r}: only dataclasses, pydantic BaseModel subclasses and "
@@ -135,7 +144,7 @@ class TypeRegistry:
             )
         if old is not None and old.name != name:
             raise InvalidArgumentError(f"{_qualname(cls)} is already registered as {old.name!r}")
-        entry = _Entry(name, kind)
+        entry = _Entry(name, kind, to_data=to_data, from_data=from_data)
         if kind == _DATACLASS:
             fields = dataclasses.fields(cls)
             no_init = frozenset(f.name for f in fields if not f.init)
@@ -249,6 +258,8 @@ def _reduce(obj: Any, reg: TypeRegistry) -> tuple[int, Any]:
         raise _refuse(obj)
     if entry.kind == _ENUM:
         return _OBJECT, [entry.name, obj.value]
+    if entry.to_data is not None:
+        return _OBJECT, [entry.name, entry.to_data(obj)]
     if entry.kind == _DATACLASS:
         return _OBJECT, [entry.name, {f: getattr(obj, f) for f in entry.fields}]
     if getattr(t, "__pydantic_root_model__", False):
@@ -555,6 +566,8 @@ class _Decoder:
         try:
             if entry.kind == _ENUM:
                 return cls(state)
+            if entry.from_data is not None:
+                return entry.from_data(state)
             if entry.kind == _MODEL and getattr(cls, "__pydantic_root_model__", False):
                 return model.model_validate(state)
             if entry.kind == _MODEL and type(state) is dict:

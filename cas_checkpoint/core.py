@@ -61,7 +61,8 @@ class _Known:
 class Core:
     """What a store object holds, and its operations as steps."""
 
-    def __init__(self, backend: Backend, types: Iterable[type], keep_last: int | None = None,
+    def __init__(self, backend: Backend, types: Iterable[type] | TypeRegistry,
+                 keep_last: int | None = None,
                  cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES) -> None:
         if keep_last is not None:
             retention.check_policy(keep_last, None)
@@ -93,10 +94,12 @@ class Core:
 
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-             expected_head: CheckpointId | None = UNSET) -> Step[CheckpointInfo]:
+             expected_head: CheckpointId | None = UNSET,
+             parents: Iterable[CheckpointId] | None = None) -> Step[CheckpointInfo]:
         t0 = time.perf_counter()
         thread_key(thread_id)
         label, tags_t, meta = check_meta(label, tags, metadata)
+        given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
         with self._memo_lock:
@@ -120,7 +123,7 @@ class Core:
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None
             new = dict(nodes) if skip is None else skip.missing(nodes)
-            parents = (head.head,) if head.head else ()
+            parents = given if given is not None else (head.head,) if head.head else ()
             record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
                             label, tags_t, meta, inline)
             data = record.encode()
@@ -386,6 +389,26 @@ class Core:
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return info_of(by_id[cid], new_thread_id)
 
+    def copy(self, thread_id: str, new_thread_id: str) -> Step[Ref]:
+        """``new_thread_id`` holding exactly what ``thread_id`` holds (every checkpoint, its head,
+        its packs): no state is copied. The new thread must not exist."""
+        thread_key(new_thread_id)
+        src = (yield from self.ref(thread_id)).head
+
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if ref is not None:
+                raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it "
+                                           "or copy into another name")
+            return Head(new_thread_id, src.head, src.head_step, src.peaks, src.tail, src.packs,
+                        src.inline, new_lineage()), {}
+            yield  # pragma: no cover - a step
+
+        ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
+                                          current=None)
+        assert ref is not None
+        log.info("copy %r into %r", thread_id, new_thread_id)
+        return ref
+
     def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
                expected_head: CheckpointId | None = UNSET) -> Step[CheckpointInfo]:
         cid = check_id(checkpoint_id)
@@ -436,6 +459,24 @@ class Core:
         current = yield from self.ref(thread_id)
         yield from self.refs.update(thread_id, change, current=current)
         log.info("delete %s from %r", cid, thread_id)
+
+    def retain(self, thread_id: str, keep: set[CheckpointId]) -> Step[None]:
+        """Keep only these checkpoints in the thread's log (the head moves to the newest kept
+        one if it goes); refs only, by compare-and-swap."""
+        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if ref is None or ref.head.head is None:
+                raise NotFoundError(f"thread {thread_id!r} does not exist")
+            kept = [e for e in (yield from self.refs.entries(ref.head)) if e.id in keep]
+            if not kept:
+                return None, {}
+            head_id = ref.head.head if ref.head.head in keep else kept[-1].id
+            new: dict[ObjectId, bytes] = {}
+            head = build(ref.head, kept, head_id, new)
+            return head, (yield from self.refs.missing(ref.head, new))
+
+        self._known.pop(thread_id, None)
+        current = yield from self.ref(thread_id)
+        yield from self.refs.update(thread_id, change, current=current)
 
     def delete_thread(self, thread_id: str) -> Step[None]:
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:

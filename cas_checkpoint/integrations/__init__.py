@@ -1,0 +1,1 @@
+"""Adapters that plug cas_checkpoint into agent frameworks (``langgraph``: ``CasSaver``)."""
