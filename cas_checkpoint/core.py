@@ -146,8 +146,9 @@ class Core:
         def holds(ref: Ref) -> Step[bool]:
             return (yield from self.refs.holds(ref.head, saved["entry"])) if saved else False
 
+        # (The known-objects set stays in place while this save runs: concurrent saves on one
+        # thread, from tasks or threads, each skip what the lineage is known to hold.)
         self._known.pop(thread_id, None)
-        self._have.pop(thread_id, None)
         ref = yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]

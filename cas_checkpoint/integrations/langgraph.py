@@ -12,8 +12,9 @@ How LangGraph's model maps onto the store (``pip install 'cas_checkpoint[langgra
   shared with the checkpoint before (one more message costs about one message of storage), and a
   channel whose value did not change is the same objects. LangGraph's id, parent id and metadata
   are the record's metadata: history, ``list(filter=...)`` and ``before`` read no state.
-* pending writes of a thread live in a second store thread, ``lgw:[...]``: one entry per
-  ``put_writes`` call (LangGraph's checkpoint id and task id in its metadata). On read, a regular
+* pending writes are entries of the same store thread, one per ``put_writes`` call (LangGraph's
+  checkpoint id and the task id in their metadata, no parent), so a message a node wrote and the
+  next checkpoint holds is stored once. On read, a regular
   write ``(task_id, idx)`` keeps its first value and a special one (``__error__``,
   ``__interrupt__``, ``__resume__``, ``__scheduled__``) its last, returned in ``writes_sort_key``
   order, as LangGraph's own savers do.
@@ -62,7 +63,7 @@ from ..store import CheckpointStore
 
 log = logging.getLogger("cas_checkpoint")
 
-PREFIX, WRITES = "lg:", "lgw:"
+PREFIX = "lg:"
 
 
 def default_types() -> TypeRegistry:
@@ -125,22 +126,20 @@ def _register_any(reg: TypeRegistry, cls: type) -> bool:
         return False
 
 
-def _key(thread_id: str, ns: str, writes: bool = False) -> str:
-    return (WRITES if writes else PREFIX) + json.dumps([thread_id, ns], ensure_ascii=False,
-                                                       separators=(",", ":"))
+def _key(thread_id: str, ns: str) -> str:
+    return PREFIX + json.dumps([thread_id, ns], ensure_ascii=False, separators=(",", ":"))
 
 
-def _parse(name: str) -> tuple[str, str, bool] | None:
-    """(thread_id, ns, is_writes) of a store thread of this saver's, else None."""
-    for prefix, writes in ((WRITES, True), (PREFIX, False)):
-        if name.startswith(prefix):
-            try:
-                got = json.loads(name[len(prefix):])
-            except ValueError:
-                return None
-            if (type(got) is list and len(got) == 2 and type(got[0]) is str
-                    and type(got[1]) is str):
-                return got[0], got[1], writes
+def _parse(name: str) -> tuple[str, str] | None:
+    """(thread_id, ns) of a store thread of this saver's, else None."""
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        got = json.loads(name[len(PREFIX):])
+    except ValueError:
+        return None
+    if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
+        return got[0], got[1]
     return None
 
 
@@ -212,24 +211,22 @@ class CasSaver(BaseCheckpointSaver[str]):
         clone._core = Core(self._core.backend, reg, None)
         return clone
 
-    def get_next_version(self, current: str | int | None, channel: None = None) -> str:
-        n = 0 if current is None else current if isinstance(current, int) else int(
-            str(current).split(".")[0])
-        return f"{n + 1:032}"
-
     # --- steps -------------------------------------------------------------------------------
 
-    def _entries(self, name: str) -> Step[list[CheckpointInfo]]:
-        """A store thread's checkpoints (metadata only), newest first; [] if it does not
-        exist."""
+    def _all(self, name: str) -> Step[list[CheckpointInfo]]:
+        """A store thread's entries (metadata only), newest first; [] if it does not exist."""
         try:
             got: list[CheckpointInfo] = yield from self._core.history(name)
         except NotFoundError:
             return []
         return got
 
-    def _names(self, thread_id: str | None = None) -> Step[list[tuple[str, str, str, bool]]]:
-        """(store name, thread_id, ns, is_writes) of this saver's threads (of one thread_id)."""
+    def _entries(self, name: str) -> Step[list[CheckpointInfo]]:
+        """LangGraph's checkpoints in a store thread (not its writes), newest first."""
+        return [e for e in (yield from self._all(name)) if "lg" in e.metadata]
+
+    def _names(self, thread_id: str | None = None) -> Step[list[tuple[str, str, str]]]:
+        """(store name, thread_id, ns) of this saver's threads (of one thread_id)."""
         out = []
         for name in (yield from self._core.threads()):
             got = _parse(name)
@@ -263,20 +260,21 @@ class CasSaver(BaseCheckpointSaver[str]):
         if not items:
             return
         state = {"task": task_id, "path": task_path, "writes": items}
-        yield from self._core.save(_key(thread_id, ns, writes=True), state,
-                                   metadata={"cp": cid, "task": task_id})
+        yield from self._core.save(_key(thread_id, ns), state,
+                                   metadata={"w": cid, "task": task_id}, parents=())
 
     def _writes(self, thread_id: str, ns: str, cids: set[str] | None
                 ) -> Step[dict[str, list[PendingWrite]]]:
         """Pending writes per LangGraph checkpoint id (of ``cids``, or all), deduplicated as
         LangGraph's savers do and in ``writes_sort_key`` order."""
-        name = _key(thread_id, ns, writes=True)
-        entries = yield from self._entries(name)
-        wanted = [e for e in reversed(entries) if cids is None or e.metadata.get("cp") in cids]
+        name = _key(thread_id, ns)
+        entries = yield from self._all(name)
+        wanted = [e for e in reversed(entries)
+                  if "w" in e.metadata and (cids is None or e.metadata["w"] in cids)]
         per: dict[str, dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
         for entry in wanted:  # oldest first
             cp = yield from self._core.load(name, entry.id)
-            state, target = cp.state, str(entry.metadata.get("cp"))
+            state, target = cp.state, str(entry.metadata["w"])
             got = per.setdefault(target, {})
             for idx, channel, value in state["writes"]:
                 key = (state["task"], idx)
@@ -318,8 +316,8 @@ class CasSaver(BaseCheckpointSaver[str]):
         before_id = get_checkpoint_id(before) if before else None
         out: list[CheckpointTuple] = []
         names = yield from self._names(None if want_thread is None else str(want_thread))
-        for _name, thread_id, ns, is_writes in sorted(names, key=lambda n: (n[1], n[2])):
-            if is_writes or (want_ns is not None and ns != want_ns):
+        for _name, thread_id, ns in sorted(names, key=lambda n: (n[1], n[2])):
+            if want_ns is not None and ns != want_ns:
                 continue
             entries = yield from self._entries(_key(thread_id, ns))
             chosen: list[CheckpointInfo] = []
@@ -352,8 +350,8 @@ class CasSaver(BaseCheckpointSaver[str]):
                 pass
 
     def _copy_thread(self, source: str, target: str) -> Step[None]:
-        for name, _t, ns, is_writes in (yield from self._names(str(source))):
-            new = _key(str(target), ns, writes=is_writes)
+        for name, _t, ns in (yield from self._names(str(source))):
+            new = _key(str(target), ns)
             try:
                 yield from self._core.copy(name, new)
             except NotFoundError:
@@ -361,17 +359,15 @@ class CasSaver(BaseCheckpointSaver[str]):
 
     def _retain(self, thread_id: str, ns: str, keep: set[str]) -> Step[None]:
         """Keep only the checkpoints with these LangGraph ids (and their writes)."""
-        for writes in (False, True):
-            name = _key(thread_id, ns, writes)
-            field = "cp" if writes else "lg"
-            entries = yield from self._entries(name)
-            drop = {e.id for e in entries if e.metadata.get(field) not in keep}
-            if not drop:
-                continue
-            if len(drop) == len(entries):
-                yield from self._core.delete_thread(name)
-            else:
-                yield from self._core.retain(name, {e.id for e in entries} - drop)
+        name = _key(thread_id, ns)
+        entries = yield from self._all(name)
+        kept = {e.id for e in entries if (e.metadata.get("lg") or e.metadata.get("w")) in keep}
+        if len(kept) == len(entries):
+            return
+        if not kept:
+            yield from self._core.delete_thread(name)
+        else:
+            yield from self._core.retain(name, kept)
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> Step[None]:
         if strategy not in ("keep_latest", "delete"):
@@ -381,9 +377,7 @@ class CasSaver(BaseCheckpointSaver[str]):
             if strategy == "delete":
                 yield from self._delete_thread(thread_id)
                 continue
-            for _name, _t, ns, is_writes in (yield from self._names(str(thread_id))):
-                if is_writes:
-                    continue
+            for _name, _t, ns in (yield from self._names(str(thread_id))):
                 keep = yield from self._needed(str(thread_id), ns)
                 yield from self._retain(str(thread_id), ns, keep)
 
@@ -414,9 +408,7 @@ class CasSaver(BaseCheckpointSaver[str]):
         runs = set(run_ids)
         if not runs:
             return
-        for _name, thread_id, ns, is_writes in (yield from self._names()):
-            if is_writes:
-                continue
+        for _name, thread_id, ns in (yield from self._names()):
             entries = yield from self._entries(_key(thread_id, ns))
             keep = {str(e.metadata.get("lg")) for e in entries
                     if (e.metadata.get("m") or {}).get("run_id") not in runs}
