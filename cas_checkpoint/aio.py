@@ -44,8 +44,8 @@ T = TypeVar("T")
 class Listing:
     """A list of checkpoints to ``await`` whole or iterate with ``async for``."""
 
-    def __init__(self, coro: Any) -> None:
-        self._coro = coro
+    def __init__(self, make: Any) -> None:
+        self._make = make  # made when first awaited: an unused Listing leaves no coroutine
         self._items: list[CheckpointInfo] | None = None
 
     def __await__(self) -> Generator[Any, None, list[CheckpointInfo]]:
@@ -53,7 +53,7 @@ class Listing:
 
     async def _get(self) -> list[CheckpointInfo]:
         if self._items is None:
-            self._items = await self._coro
+            self._items = await self._make()
         return self._items
 
     async def __aiter__(self) -> AsyncIterator[CheckpointInfo]:
@@ -147,14 +147,15 @@ class AsyncCheckpointStore:
                 before: CheckpointId | None = None) -> Listing:
         """Checkpoints of a thread, newest first, without states: ``await`` it for a list, or
         ``async for`` over it."""
-        return Listing(self._run(self._core.history(thread_id, limit=limit, before=before)))
+        return Listing(lambda: self._run(self._core.history(thread_id, limit=limit,
+                                                            before=before)))
 
     def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
              metadata: Mapping[str, Any] | None = None) -> Listing:
         """Checkpoints (newest first) with this label, this tag and these metadata values:
         ``await`` it or ``async for`` over it."""
-        return Listing(self._run(self._core.find(thread_id, label=label, tag=tag,
-                                                 metadata=metadata)))
+        return Listing(lambda: self._run(self._core.find(thread_id, label=label, tag=tag,
+                                                         metadata=metadata)))
 
     async def threads(self) -> list[str]:
         """Every thread in the store, sorted."""
