@@ -1,0 +1,338 @@
+"""A real LangGraph run on each checkpointer: CasSaver (local disk, memory://, S3 on moto) beside
+LangGraph's SqliteSaver and InMemorySaver, measured in the same run.
+
+Workload: a compiled ``StateGraph(MessagesState)`` tool-calling loop with no LLM. A "model" node
+returns an ``AIMessage`` (~300 characters of content) with one tool call; a "tool" node answers
+it with a ``ToolMessage`` (~300 characters); after ``--steps`` (200) tool calls the model node
+returns a final ``AIMessage`` without tool calls and the graph ends. The messages are
+deterministic (seeded text, fixed ids), so every saver stores the same conversation. The graph is
+invoked once, ``graph.invoke({"messages": [HumanMessage]}, config)`` on thread "t1", with a
+``recursion_limit`` above the number of supersteps. LangGraph writes one checkpoint per
+superstep (plus the input's) and the nodes' writes through ``put_writes``.
+
+Per saver:
+
+* checkpoints: ``len(list(graph.get_state_history(config)))`` after the run;
+* wall s: the ``invoke`` (``perf_counter``), and ms per checkpoint = wall / checkpoints;
+* bytes stored: CasSaver ``saver.store.storage_bytes()`` before and after
+  ``saver.store.gc(grace=timedelta(0))`` (on S3 after a 2.2 s sleep, LastModified having a
+  1-second resolution, and with ``force=True``, as gc otherwise refuses a grace under 1 s);
+  SqliteSaver the database file after ``PRAGMA wal_checkpoint(TRUNCATE)`` plus its -wal file if
+  any; InMemorySaver the ``len`` of every ``bytes`` payload held in its
+  ``storage``/``writes``/``blobs`` (the serialized values, not Python's object overhead);
+* the final state: the final ``messages`` list encoded by cas_checkpoint's codec
+  (``codec.encode(messages, types=saver._core.types)``) and by LangGraph's
+  ``JsonPlusSerializer().dumps_typed(messages)`` (a peer-neutral figure); the ratio column is
+  stored bytes / the codec-encoded final state (and / the JsonPlus one in brackets);
+* CasSaver on S3: S3 requests over the invoke by operation, counted with botocore's
+  ``before-send.s3`` event on the store's s3fs client (once per attempt: retries count), per
+  checkpoint. Before the run a warm-up save under another prefix (same s3fs client) makes the
+  once-per-process probe of conditional writes, so it is not counted.
+
+S3 is a moto server on 127.0.0.1 in a process of its own (``_common.moto_s3_process``): times are
+moto's on loopback, not a real region's. ``langgraph-checkpoint-objectstorage`` is measured only
+if it is installed (it is not a dependency; the output says so).
+
+Target (from the issue): CasSaver stores <= 3x the final state (after gc), beside SqliteSaver in
+the same run. The output says MET or MISSED with the figure.
+
+    python benchmarks/bench_langgraph.py [--steps 200] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import platform
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import human, moto_s3_process, table  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+
+import cas_checkpoint  # noqa: E402
+from cas_checkpoint import codec  # noqa: E402
+
+TARGET_RATIO = 3.0
+WORDS = ("agent", "tool", "search", "result", "the", "of", "plan", "step", "query", "answer",
+         "document", "found", "next", "call")
+
+
+def text(seed: int, size: int = 300) -> str:
+    rng = random.Random(seed)
+    out = " ".join(rng.choice(WORDS) for _ in range(size // 4))
+    return out[:size]
+
+
+# --- the graph --------------------------------------------------------------------------------
+
+
+def build_graph(steps: int, checkpointer: Any) -> Any:
+    def model(state: MessagesState) -> dict[str, Any]:
+        done = sum(1 for m in state["messages"] if isinstance(m, ToolMessage))
+        if done >= steps:
+            return {"messages": [AIMessage(content=text(10_000_000), id="ai-final")]}
+        call = {"name": "search", "args": {"query": f"q{done}"}, "id": f"call-{done:05d}",
+                "type": "tool_call"}
+        return {"messages": [AIMessage(content=text(2 * done), tool_calls=[call],
+                                       id=f"ai-{done:05d}")]}
+
+    def tool(state: MessagesState) -> dict[str, Any]:
+        last = state["messages"][-1]
+        call = last.tool_calls[0]  # type: ignore[union-attr]
+        i = int(str(call["id"]).split("-")[1])
+        return {"messages": [ToolMessage(content=text(2 * i + 1), tool_call_id=call["id"],
+                                         name="search", id=f"tool-{i:05d}")]}
+
+    def route(state: MessagesState) -> str:
+        return "tool" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    g = StateGraph(MessagesState)
+    g.add_node("model", model)
+    g.add_node("tool", tool)
+    g.add_edge(START, "model")
+    g.add_conditional_edges("model", route, ["tool", END])
+    g.add_edge("tool", "model")
+    return g.compile(checkpointer=checkpointer)
+
+
+# --- S3 request counting (as bench_layout.py) ---------------------------------------------------
+
+
+class Requests:
+    """Counts the S3 requests of one s3fs client by operation while open."""
+
+    def __init__(self, store: Any) -> None:
+        self.events = store.backend.fs.s3.meta.events
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __enter__(self) -> Requests:
+        self.events.register("before-send.s3", self._start)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.events.unregister("before-send.s3", self._start)
+
+    def _start(self, event_name: str = "", **_: Any) -> None:
+        self.ops[event_name.rsplit(".", 1)[-1]] += 1
+
+
+# --- sizes --------------------------------------------------------------------------------------
+
+
+def payload_bytes(obj: Any) -> int:
+    """The len of every bytes payload inside nested dicts/tuples/lists (InMemorySaver's stores)."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, tuple | list):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+def sqlite_bytes(conn: sqlite3.Connection, path: str) -> int:
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = os.path.getsize(path)
+    if os.path.exists(path + "-wal"):
+        size += os.path.getsize(path + "-wal")
+    return size
+
+
+# --- one saver ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    checkpoints: int = 0
+    wall: float = 0.0
+    stored: int = 0  # after gc for CasSaver
+    before_gc: int | None = None
+    final_codec: int = 0
+    final_json: int = 0
+    ops: collections.Counter[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def run(name: str, steps: int, saver: Any, stored: Callable[[], int],
+        counter: Requests | None = None) -> Result:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    graph = build_graph(steps, saver)
+    config: dict[str, Any] = {"configurable": {"thread_id": "t1"},
+                              "recursion_limit": 2 * steps + 20}
+    inp = {"messages": [HumanMessage(content=text(-1), id="human-0")]}
+    t0 = time.perf_counter()
+    if counter is not None:
+        with counter:
+            out = graph.invoke(inp, config)
+    else:
+        out = graph.invoke(inp, config)
+    wall = time.perf_counter() - t0
+    messages = graph.get_state(config).values["messages"]
+    assert len(messages) == 2 * steps + 2, f"{name}: {len(messages)} messages"
+    assert len(out["messages"]) == len(messages)
+    r = Result(name, wall=wall)
+    r.checkpoints = len(list(graph.get_state_history(config)))
+    from cas_checkpoint.integrations.langgraph import default_types
+
+    types = saver._core.types if hasattr(saver, "_core") else default_types()
+    r.final_codec = len(codec.encode(messages, types=types))
+    r.final_json = len(JsonPlusSerializer().dumps_typed(messages)[1])
+    r.stored = stored()
+    if counter is not None:
+        r.ops = counter.ops
+    return r
+
+
+def cas_result(name: str, steps: int, url: str, opts: dict[str, Any] | None = None,
+               s3: bool = False) -> Result:
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    if s3:  # the once-per-process probe of conditional writes, under another prefix
+        warm = CasSaver.from_url(f"s3://bench/warm-{uuid.uuid4().hex[:6]}", storage_options=opts)
+        warm.store.save("warm", {"x": 1})
+    saver = CasSaver.from_url(url, storage_options=opts)
+    counter = Requests(saver.store) if s3 else None
+    r = run(name, steps, saver, saver.store.storage_bytes, counter)
+    r.before_gc = r.stored
+    if s3:  # LastModified has a 1-second resolution: wait, so every object is old enough
+        time.sleep(2.2)
+    report = saver.store.gc(grace=timedelta(0), force=s3)
+    r.stored = saver.store.storage_bytes()
+    st = saver.store.stats()
+    r.notes.append(f"{name}: gc deleted {report.deleted_objects} objects; stats: "
+                   f"{st.checkpoints} checkpoints, logical {human(st.logical_bytes)}, physical "
+                   f"{human(st.physical_bytes)}, {st.objects} packs")
+    return r
+
+
+def results(steps: int) -> Iterator[Result]:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    tmp = tempfile.mkdtemp(prefix="bench-langgraph-")
+    yield cas_result("CasSaver local disk", steps, os.path.join(tmp, "cas"))
+    yield cas_result("CasSaver memory://", steps, f"memory://bench-lg-{uuid.uuid4().hex[:8]}")
+    with moto_s3_process() as opts:
+        yield cas_result("CasSaver S3 (moto)", steps, f"s3://bench/lg-{uuid.uuid4().hex[:6]}",
+                         opts, s3=True)
+    db = os.path.join(tmp, "lg.sqlite")
+    conn = sqlite3.connect(db, check_same_thread=False)
+    yield run("SqliteSaver", steps, SqliteSaver(conn), lambda: sqlite_bytes(conn, db))
+    conn.close()
+    mem = InMemorySaver()
+    yield run("InMemorySaver", steps, mem,
+              lambda: sum(payload_bytes(x) for x in (mem.storage, mem.writes, mem.blobs)))
+    objstore = objectstorage_saver(tmp)
+    if objstore is not None:
+        yield run("langgraph-checkpoint-objectstorage", steps, objstore[0], objstore[1])
+
+
+def objectstorage_saver(tmp: str) -> tuple[Any, Callable[[], int]] | None:
+    """langgraph-checkpoint-objectstorage, if installed (not a dependency): None otherwise."""
+    try:
+        metadata.version("langgraph-checkpoint-objectstorage")
+    except metadata.PackageNotFoundError:
+        print("langgraph-checkpoint-objectstorage: not installed (not measured)")
+        return None
+    print("langgraph-checkpoint-objectstorage: installed, but this benchmark does not know its "
+          "API yet (not measured)")
+    return None
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def versions() -> str:
+    def v(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "-"
+
+    return (f"cas_checkpoint {cas_checkpoint.__version__}; langgraph {v('langgraph')}, "
+            f"langgraph-checkpoint {v('langgraph-checkpoint')}, langgraph-checkpoint-sqlite "
+            f"{v('langgraph-checkpoint-sqlite')}, langchain-core {v('langchain-core')}; "
+            f"s3fs {v('s3fs')}, moto {v('moto')}")
+
+
+def load() -> str:
+    try:
+        return "load average (1, 5 min) " + ", ".join(f"{x:.2f}" for x in os.getloadavg()[:2])
+    except OSError:
+        return "load average -"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200, help="tool calls before the final answer")
+    ap.add_argument("--quick", action="store_true", help="20 steps: a smoke run")
+    args = ap.parse_args()
+    steps = 20 if args.quick else args.steps
+    print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; python "
+          f"{platform.python_version()}; {versions()}; {load()}")
+    print(f"workload: StateGraph(MessagesState) tool loop, {steps} tool calls (AIMessage + "
+          f"ToolMessage of ~300 chars each) + a final AIMessage: {2 * steps + 2} messages, one "
+          f"invoke on thread t1" + ("; QUICK run" if args.quick else ""))
+    rows: list[list[Any]] = []
+    res = list(results(steps))
+    for r in res:
+        s3 = "-"
+        if r.ops is not None:
+            total = sum(r.ops.values())
+            s3 = f"{total / r.checkpoints:.2f}"
+        rows.append([r.name, r.checkpoints, f"{r.wall:.2f}",
+                     f"{r.wall / r.checkpoints * 1000:.2f}", human(r.stored),
+                     "-" if r.before_gc is None else human(r.before_gc),
+                     f"{r.stored / r.final_codec:.2f}x ({r.stored / r.final_json:.2f}x)", s3])
+    print()
+    print(table(["saver", "checkpoints", "wall s", "ms/checkpoint", "stored (after gc)",
+                 "before gc", "ratio to final state codec (JsonPlus)", "S3 req/checkpoint"],
+                rows))
+    print()
+    for r in res:
+        print(f"final state of {r.name}: codec {human(r.final_codec)} ({r.final_codec:,} B), "
+              f"JsonPlus {human(r.final_json)} ({r.final_json:,} B)")
+    for r in res:
+        for note in r.notes:
+            print(note)
+        if r.ops is not None:
+            print(f"{r.name}: S3 requests over the invoke: {sum(r.ops.values())} = "
+                  + ", ".join(f"{k} {v} ({v / r.checkpoints:.2f}/checkpoint)"
+                              for k, v in sorted(r.ops.items())))
+    print()
+    sq = next((r for r in res if r.name == "SqliteSaver"), None)
+    for r in res:
+        if not r.name.startswith("CasSaver"):
+            continue
+        ratio = r.stored / r.final_codec
+        beside = (f"; SqliteSaver {sq.stored / sq.final_codec:.2f}x "
+                  f"({human(sq.stored)})" if sq else "")
+        over = (r.stored - r.final_codec) / r.checkpoints
+        print(f"{r.name}: beyond the final state, {human(int(over))} stored per LangGraph "
+              f"checkpoint ({human(r.stored - r.final_codec)} over {r.checkpoints})")
+        print(f"target: {r.name} stores <= {TARGET_RATIO:g}x the final state: "
+              + ("MET" if ratio <= TARGET_RATIO else "MISSED")
+              + f" ({ratio:.2f}x: {human(r.stored)} after gc for a {human(r.final_codec)} "
+              f"final state{beside})")
+
+
+if __name__ == "__main__":
+    main()
