@@ -91,13 +91,15 @@ class Pack:
     @property
     def objects(self) -> dict[ObjectId, memoryview]:
         """Every object by its full id (each hashed once: for merges, repacks, audits)."""
-        if self._all is None:
-            self._all = {}
+        got = self._all
+        if got is None:  # built whole, then published: another thread never sees a part of it
+            got = {}
             for locations in self.index.values():
                 for start, end in locations:
                     obj = self.data[start:end]
-                    self._all[object_id(obj)] = obj
-        return self._all
+                    got[object_id(obj)] = obj
+            self._all = got
+        return got
 
 
 def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:

@@ -392,3 +392,36 @@ def test_thread_id_length_limits(store: CheckpointStore) -> None:
     with pytest.raises(InvalidArgumentError, match="bytes"):
         store.save(top + "a", {"i": 3})
     assert store.threads() == sorted([short, long, top])
+
+
+def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any) -> None:
+    """``Pack.objects`` is filled while hashing: a second thread asking meanwhile must never get
+    the part filled so far (a merge that read it dropped objects: a lost log segment, found by
+    LangGraph's background writes racing its saves)."""
+    import threading
+
+    from cas_checkpoint import objstore
+    from cas_checkpoint.objects import encode_pack, object_id
+
+    objs = {object_id(b"x" * i): b"x" * i for i in range(1, 40)}
+    data = encode_pack(objs)  # type: ignore[arg-type]
+    pack = objstore.parse_pack(object_id(data), data)
+    started, release = threading.Event(), threading.Event()
+    real = objstore.object_id
+    calls = {"n": 0}
+
+    def slow(obj: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 5 and threading.current_thread().name == "first":
+            started.set()
+            release.wait(5)  # the first reader stops part-way through
+        return real(obj)
+
+    monkeypatch.setattr(objstore, "object_id", slow)
+    first = threading.Thread(target=lambda: pack.objects, name="first")
+    first.start()
+    assert started.wait(5)
+    seen = len(pack.objects)  # the second reader, meanwhile
+    release.set()
+    first.join(5)
+    assert seen == len(objs) == len(pack.objects)
