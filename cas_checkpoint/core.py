@@ -299,13 +299,15 @@ class Core:
                           record.label, record.tags, record.metadata, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,
-                before: CheckpointId | None = None) -> Step[list[CheckpointInfo]]:
+                before: CheckpointId | None = None, cached: bool = False
+                ) -> Step[list[CheckpointInfo]]:
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
                                   or limit < 0):
             raise InvalidArgumentError("limit must be a non-negative int or None")
         if before is not None:
             before = check_id(before, "before")
-        head = (yield from self.ref(thread_id)).head
+        known = self._known.get(thread_id) if cached else None  # (a log only ever grows at
+        head = known.head if known else (yield from self.ref(thread_id)).head  # its end)
         out: list[CheckpointInfo] = []
         skipping = before is not None
 

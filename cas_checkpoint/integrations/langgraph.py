@@ -64,6 +64,7 @@ from ..store import CheckpointStore
 log = logging.getLogger("cas_checkpoint")
 
 PREFIX = "lg:"
+RECENT = 16  # entries a put looks through for its parent before reading the whole log
 
 
 def default_types() -> TypeRegistry:
@@ -225,6 +226,23 @@ class CasSaver(BaseCheckpointSaver[str]):
         """LangGraph's checkpoints in a store thread (not its writes), newest first."""
         return [e for e in (yield from self._all(name)) if "lg" in e.metadata]
 
+    def _find(self, name: str, lg: str) -> Step[CheckpointInfo | None]:
+        """The entry of LangGraph checkpoint ``lg``: among the recent entries first (they are in
+        the thread's ref: no pack read), then the whole log."""
+        recent: list[CheckpointInfo] = []
+        for cached in (True, False):  # the ref this process last wrote, else the stored one
+            try:
+                recent = yield from self._core.history(name, limit=RECENT, cached=cached)
+            except NotFoundError:
+                return None
+            found = next((e for e in recent if e.metadata.get("lg") == lg), None)
+            if found is not None:
+                return found
+        if len(recent) == RECENT:
+            found = next((e for e in (yield from self._entries(name))
+                          if e.metadata.get("lg") == lg), None)
+        return found
+
     def _names(self, thread_id: str | None = None) -> Step[list[tuple[str, str, str]]]:
         """(store name, thread_id, ns) of this saver's threads (of one thread_id)."""
         out = []
@@ -243,9 +261,8 @@ class CasSaver(BaseCheckpointSaver[str]):
                 "m": get_serializable_checkpoint_metadata(config, metadata)}
         parents: tuple[CheckpointId, ...] | None = None
         if parent is not None:  # LangGraph's parent, which need not be the head (time travel)
-            found = next((e.id for e in (yield from self._entries(name))
-                          if e.metadata.get("lg") == parent), None)
-            parents = (found,) if found is not None else ()
+            found = yield from self._find(name, parent)
+            parents = (found.id,) if found is not None else ()
         yield from self._core.save(name, dict(checkpoint), metadata=meta, parents=parents)
         return _config(thread_id, ns, checkpoint["id"])
 
