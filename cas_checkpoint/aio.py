@@ -8,9 +8,9 @@ threads from one event loop.
 
 Every method runs the same step as ``CheckpointStore``'s (``core.py``) with ``ops.arun``: S3
 requests are s3fs's native coroutines on the caller's loop (no thread per call), local disk
-calls run on a small thread pool of the backend's, memory:// answers inline. Encoding and hashing
-run on the loop: a save of a state whose new part is large (megabytes) holds the loop while it
-hashes that part.
+calls run on a small thread pool of the backend's, memory:// answers inline. A save encodes and
+hashes on that thread pool (memory://: inline), so a large state does not hold the loop; a load
+decodes on the loop.
 
 Cancellation: a save (or any edit) cancelled before it sent its commit (the ref write) did not
 land, and left at most unreferenced packs for gc. One cancelled after that finishes its commit
@@ -101,8 +101,8 @@ class AsyncCheckpointStore:
         self.types = core.types
         self.keep_last = core.keep_last
 
-    async def _run(self, step: Step[T]) -> T:
-        return await arun(step, self.backend)
+    async def _run(self, step: Step[T], offload: bool = False) -> T:
+        return await arun(step, self.backend, offload=offload)
 
     @property
     def url(self) -> str:
@@ -130,7 +130,8 @@ class AsyncCheckpointStore:
         Many tasks may save to one thread at once: every save lands, each on the head before
         it (compare-and-swap)."""
         return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
-                                               metadata=metadata, expected_head=expected_head))
+                                               metadata=metadata, expected_head=expected_head),
+                               offload=True)  # encoding and hashing off the loop
 
     # --- reading ---
 

@@ -192,7 +192,8 @@ def _refuse(obj: object) -> _Unsupported:
     if kind is not None:
         return _Unsupported(
             f"an instance of {_qualname(cls)} (a {kind} that is not registered)",
-            f"register the class: pass types=[{cls.__name__}] to CheckpointStore.open(...)",
+            f"register the class: pass types=[{cls.__name__}] when opening the store "
+            "(CheckpointStore.open, AsyncCheckpointStore.open, CasSaver.from_url)",
         )
     base = next((b for b in _BUILTINS if isinstance(obj, b)), None)
     if base is not None:
@@ -560,7 +561,8 @@ class _Decoder:
             short = _render(name.rsplit(".", 1)[-1])[1:-1]
             raise FormatError(
                 f"the data holds an object of class {_render(name)}, which is not registered: "
-                f"pass types=[{short}] to CheckpointStore.open(...) so it can be rebuilt"
+                f"pass types=[{short}] when opening the store (CheckpointStore.open, "
+                "AsyncCheckpointStore.open, CasSaver.from_url) so it can be rebuilt"
             )
         entry, model = self.reg._by_class[cls], cast(Any, cls)
         try:

@@ -235,16 +235,34 @@ def landed(exc: BaseException) -> Any:
     return getattr(exc, "cas_result", None)
 
 
-async def arun(step: Step[T], backend: Backend) -> T:
+def _start(step: Step[Any]) -> tuple[Op | None, Any]:
+    """The step's first request (or its result when it makes none), computed where called."""
+    try:
+        return step.send(None), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
     """Carry ``step`` out on the running event loop with the backend's async methods (see the
-    module docstring for what cancellation does)."""
+    module docstring for what cancellation does). With ``offload``, the step's work before its
+    first request (a save's encoding and hashing) runs on the backend's thread pool (none for
+    memory://), so a large state does not hold the loop."""
     value: Any = None
     error: BaseException | None = None
     committing = False
     cancelled: asyncio.CancelledError | None = None
+    first: Op | None = None
+    if offload:
+        first, result = await backend.run_blocking(_start, step)
+        if first is None:
+            return result  # type: ignore[no-any-return]
     while True:
         try:
-            op = step.send(value) if error is None else step.throw(error)
+            if first is not None:
+                op, first = first, None
+            else:
+                op = step.send(value) if error is None else step.throw(error)
         except StopIteration as stop:
             if cancelled is not None:
                 cancelled.cas_result = stop.value  # type: ignore[attr-defined]
