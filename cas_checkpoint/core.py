@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any
@@ -95,7 +95,10 @@ class Core:
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
              expected_head: CheckpointId | None = UNSET,
-             parents: Iterable[CheckpointId] | None = None) -> Step[CheckpointInfo]:
+             parents: Iterable[CheckpointId] | None = None,
+             check: Callable[[Head], Step[None]] | None = None) -> Step[CheckpointInfo]:
+        """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
+        would extend, and may raise to refuse it: a condition on more than the head's id.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
         label, tags_t, meta = check_meta(label, tags, metadata)
@@ -119,6 +122,8 @@ class Core:
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             head = Head(thread_id, None, lineage=new_lineage()) if ref is None else ref.head
+            if check is not None:
+                yield from check(head)
             # Objects a head of this lineage held are held by every later head of it: skip
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None

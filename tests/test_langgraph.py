@@ -800,3 +800,47 @@ def test_two_processes_write_one_thread(kind: str, tmp_path: Path,
         assert last is not None
         assert last.checkpoint["channel_values"]["messages"][-1].content.startswith("done")
     assert len(listed) == len(set(runs[0]) | set(runs[1]))
+
+
+# --- 12. a second writer that raises instead of branching -------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["keep", "raise"])
+def test_a_stale_writer_branches_or_raises(where: Where, mode: str) -> None:
+    """Two savers over one store both continue thread t from the same latest checkpoint: with
+    ``conflicts="keep"`` both checkpoints stay (two children of one parent); with
+    ``conflicts="raise"`` the second put raises ConflictError (checked inside the compare-and-
+    swap) and the thread keeps only the first."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from cas_checkpoint import ConflictError
+
+    def saver() -> CasSaver:
+        return CasSaver.from_url(where.url, storage_options=where.storage_options,
+                                 conflicts=mode)
+
+    one, two = saver(), saver()
+    first = one.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+                    {**empty_checkpoint(), "channel_values": {"n": 0}}, {"step": 0}, {})
+    seen = two.get_tuple(cfg("t"))  # the second writer reads the thread...
+    assert seen is not None and seen.config["configurable"]["checkpoint_id"] == \
+        first["configurable"]["checkpoint_id"]
+    a = one.put(first, {**empty_checkpoint(), "channel_values": {"n": 1}}, {"step": 1}, {})
+    stale = {"configurable": {**seen.config["configurable"]}}
+    if mode == "raise":
+        with pytest.raises(ConflictError):  # ...and writes after the first writer moved on
+            two.put(stale, {**empty_checkpoint(), "channel_values": {"n": 2}}, {"step": 1}, {})
+        ids = [c.config["configurable"]["checkpoint_id"] for c in one.list(cfg("t"))]
+        assert ids == [a["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+        # a writer that is up to date is not refused
+        two.put(a, {**empty_checkpoint(), "channel_values": {"n": 3}}, {"step": 2}, {})
+        assert len(list(one.list(cfg("t")))) == 3
+    else:
+        b = two.put(stale, {**empty_checkpoint(), "channel_values": {"n": 2}}, {"step": 1}, {})
+        got = {c.config["configurable"]["checkpoint_id"]: c for c in one.list(cfg("t"))}
+        assert len(got) == 3
+        for child in (a, b):  # both children of the same parent
+            tup = got[child["configurable"]["checkpoint_id"]]
+            assert tup.parent_config is not None
+            assert tup.parent_config["configurable"]["checkpoint_id"] == \
+                first["configurable"]["checkpoint_id"]

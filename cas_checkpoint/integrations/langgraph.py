@@ -55,9 +55,9 @@ from langgraph.checkpoint.base import (
 
 from ..codec import TypeRegistry
 from ..core import Core
-from ..errors import InvalidArgumentError, NotFoundError
+from ..errors import ConflictError, InvalidArgumentError, NotFoundError
 from ..model import CheckpointInfo
-from ..objects import CheckpointId
+from ..objects import CheckpointId, Head
 from ..ops import Step, arun, run
 from ..store import CheckpointStore
 
@@ -160,8 +160,18 @@ def _target(config: RunnableConfig) -> tuple[str, str]:
 class CasSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer storing into a cas_checkpoint store (see the module docs)."""
 
-    def __init__(self, store: CheckpointStore, *, types: Iterable[type] = ()) -> None:
+    def __init__(self, store: CheckpointStore, *, types: Iterable[type] = (),
+                 conflicts: str = "keep") -> None:
+        """``conflicts="keep"`` (the default): when two writers put checkpoints on one thread,
+        both are kept, each with the parent LangGraph gave it. ``"raise"``: a put whose parent
+        is not the thread's latest checkpoint raises ``ConflictError`` (checked inside the
+        compare-and-swap), so a second writer of a thread fails instead of branching it; in
+        this mode replaying from a past checkpoint raises too (fork into a new thread with
+        ``copy_thread`` instead)."""
         super().__init__()
+        if conflicts not in ("keep", "raise"):
+            raise InvalidArgumentError(f"conflicts must be 'keep' or 'raise', not {conflicts!r}")
+        self.conflicts = conflicts
         if not isinstance(store, CheckpointStore):
             raise InvalidArgumentError("CasSaver needs a cas_checkpoint.CheckpointStore; use "
                                        "CasSaver.from_url(url) to open one")
@@ -175,11 +185,12 @@ class CasSaver(BaseCheckpointSaver[str]):
 
     @classmethod
     def from_url(cls, url: str, *, storage_options: Mapping[str, Any] | None = None,
-                 types: Iterable[type] = (), **open_kw: Any) -> CasSaver:
+                 types: Iterable[type] = (), conflicts: str = "keep",
+                 **open_kw: Any) -> CasSaver:
         """Open (creating if needed) the store at ``url`` (a path, ``memory://``, ``s3://``;
         ``open_kw`` as for ``CheckpointStore.open``) and a saver over it."""
         return cls(CheckpointStore.open(url, storage_options=storage_options, **open_kw),
-                   types=types)
+                   types=types, conflicts=conflicts)
 
     # --- drivers -----------------------------------------------------------------------------
 
@@ -263,7 +274,18 @@ class CasSaver(BaseCheckpointSaver[str]):
         if parent is not None:  # LangGraph's parent, which need not be the head (time travel)
             found = yield from self._find(name, parent)
             parents = (found.id,) if found is not None else ()
-        yield from self._core.save(name, dict(checkpoint), metadata=meta, parents=parents)
+        check = None
+        if self.conflicts == "raise":
+            def check(head: Head) -> Step[None]:
+                latest = None
+                for entry in (yield from self._core.refs.newest_first(head)):
+                    if "lg" in entry.metadata:
+                        latest = entry.metadata["lg"]
+                        break
+                if latest != parent:
+                    raise ConflictError(name, parent, latest)
+        yield from self._core.save(name, dict(checkpoint), metadata=meta, parents=parents,
+                                   check=check)
         return _config(thread_id, ns, checkpoint["id"])
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
