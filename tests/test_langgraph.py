@@ -844,3 +844,33 @@ def test_a_stale_writer_branches_or_raises(where: Where, mode: str) -> None:
             assert tup.parent_config is not None
             assert tup.parent_config["configurable"]["checkpoint_id"] == \
                 first["configurable"]["checkpoint_id"]
+
+
+def test_async_methods_on_s3_await_s3fs_coroutines(tmp_path: Path,
+                                                    request: pytest.FixtureRequest) -> None:
+    """A saver opened without asyncio (a sync s3fs store) serves its ``a``-methods through an
+    asynchronous s3fs session made on the running loop (not the backend's thread pool), one per
+    loop, closed by ``aclose()``; what they write, the sync methods read."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    where = make_where("s3", tmp_path, request)
+    saver = where.open()
+    assert not saver.store.backend.fs.asynchronous
+
+    async def main() -> str:
+        async with saver:
+            done = await saver.aput(cfg("t") | {"configurable": {"thread_id": "t",
+                                                                 "checkpoint_ns": ""}},
+                                    {**empty_checkpoint(), "channel_values": {"n": 1}},
+                                    {"step": 0}, {})
+            (backend,) = saver._loops.values()
+            assert backend is not saver.store.backend and backend.fs.asynchronous
+            assert saver.store.backend._pool is None  # no request went through a thread
+            got = await saver.aget_tuple(cfg("t"))
+            assert got is not None and got.checkpoint["channel_values"] == {"n": 1}
+        assert not saver._loops  # closed with the block
+        return str(done["configurable"]["checkpoint_id"])
+
+    cid = asyncio.run(main())
+    tup = saver.get_tuple(cfg("t"))
+    assert tup is not None and tup.config["configurable"]["checkpoint_id"] == cid

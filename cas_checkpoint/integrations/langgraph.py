@@ -31,10 +31,12 @@ and by the ``a``-methods on the event loop: one implementation, two faces.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import sys
+import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -53,6 +55,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
+from ..backends import Backend, open_backend_async
 from ..codec import TypeRegistry
 from ..core import Core
 from ..errors import ConflictError, InvalidArgumentError, NotFoundError
@@ -182,6 +185,8 @@ class CasSaver(BaseCheckpointSaver[str]):
             reg.register(cls)
         self.store = store
         self._core = Core(store.backend, reg, None)
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
+            weakref.WeakKeyDictionary())
 
     @classmethod
     def from_url(cls, url: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -198,7 +203,26 @@ class CasSaver(BaseCheckpointSaver[str]):
         return run(step, self._core.backend)
 
     async def _arun(self, step: Step[Any]) -> Any:
-        return await arun(step, self._core.backend)
+        return await arun(step, await self._async_backend())
+
+    async def _async_backend(self) -> Backend:
+        """The backend the ``a``-methods await: for S3 opened without asyncio, one with an
+        async s3fs session of its own per running event loop (its requests then are coroutines
+        on that loop, not calls on a thread pool); the store's own backend otherwise."""
+        backend = self._core.backend
+        fs = getattr(backend, "fs", None)
+        if fs is None or getattr(fs, "asynchronous", False) or not backend.url.startswith(
+                "s3://"):
+            return backend
+        loop = asyncio.get_running_loop()
+        got = self._loops.get(loop)
+        if got is None:
+            options = {k: v for k, v in fs.storage_options.items()
+                       if k not in ("asynchronous", "loop", "skip_instance_cache")}
+            got = await open_backend_async(backend.url, options,
+                                           allow_unsafe=getattr(backend, "allow_unsafe", False))
+            self._loops[loop] = got
+        return got
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]
                        ) -> CasSaver:
@@ -527,6 +551,19 @@ class CasSaver(BaseCheckpointSaver[str]):
         return self._run(self._delta_history(config, channels))  # type: ignore[no-any-return]
 
     # --- the async face ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the S3 session the ``a``-methods opened for the running event loop (if any);
+        call it before that loop ends (or use ``async with saver:``)."""
+        got = self._loops.pop(asyncio.get_running_loop(), None)
+        if got is not None:
+            await got.aclose()
+
+    async def __aenter__(self) -> CasSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
