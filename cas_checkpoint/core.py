@@ -28,7 +28,7 @@ from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta,
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, inlinable, object_id
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
-from .refs import Ref, RefStore, build, new_lineage, thread_key
+from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
 from .repack import RepackReport
 from .verify import verify as verify_step
@@ -233,6 +233,24 @@ class Core:
             self._have[thread_id] = _Known(head.lineage, view)
         return cp
 
+    def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
+                  ) -> Step[dict[CheckpointId, Checkpoint]]:
+        """Checkpoints the caller just listed from the thread's history, decoded from one read
+        of its ref and packs (``load`` checks each id against the log: a walk per call). One
+        the head no longer holds (a retain and repack since) is loaded with ``load``."""
+        wanted = list(dict.fromkeys(cids))
+        if not wanted:
+            return {}
+        ref = yield from self.ref(thread_id)
+        view: View = yield from self.objects.view(ref.head)
+        out: dict[CheckpointId, Checkpoint] = {}
+        for cid in wanted:
+            try:
+                out[cid] = self.decode(view, cid, thread_id)
+            except NotFoundError:
+                out[cid] = yield from self.load(thread_id, cid)
+        return out
+
     def get(self, checkpoint_id: CheckpointId) -> Step[Checkpoint]:
         cid = check_id(checkpoint_id)
         heads = [r.head for _, r in (yield from self._refs()) if r is not None]
@@ -431,16 +449,19 @@ class Core:
                 raise self._not_in(thread_id, cid)
             kept = entries[: ids.index(cid) + 1]
             found["entry"] = kept[-1]
-            new: dict[ObjectId, bytes] = {}
-            head = build(ref.head, kept, cid, new)
-            return head, (yield from self.refs.missing(ref.head, new))
+            return (yield from self.refs.rebuilt(ref.head, kept, cid))
 
+        yield from self._edit(thread_id, change, expected_head=expected_head)
+        log.info("rewind %r to %s", thread_id, cid)
+        return info_of(found["entry"], thread_id)
+
+    def _edit(self, thread_id: str, change: Change,
+              expected_head: CheckpointId | None = UNSET) -> Step[None]:
+        """A history edit of an existing thread, by compare-and-swap."""
         self._known.pop(thread_id, None)
         current = yield from self.ref(thread_id)
         yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                     current=current)
-        log.info("rewind %r to %s", thread_id, cid)
-        return info_of(found["entry"], thread_id)
 
     def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> Step[None]:
         cid = check_id(checkpoint_id)
@@ -459,13 +480,9 @@ class Core:
             if head_id == cid:
                 ids = {e.id for e in kept}
                 head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
-            new: dict[ObjectId, bytes] = {}
-            head = build(ref.head, kept, head_id, new)
-            return head, (yield from self.refs.missing(ref.head, new))
+            return (yield from self.refs.rebuilt(ref.head, kept, head_id))
 
-        self._known.pop(thread_id, None)
-        current = yield from self.ref(thread_id)
-        yield from self.refs.update(thread_id, change, current=current)
+        yield from self._edit(thread_id, change)
         log.info("delete %s from %r", cid, thread_id)
 
     def retain(self, thread_id: str, keep: set[CheckpointId]) -> Step[None]:
@@ -478,22 +495,16 @@ class Core:
             if not kept:
                 return None, {}
             head_id = ref.head.head if ref.head.head in keep else kept[-1].id
-            new: dict[ObjectId, bytes] = {}
-            head = build(ref.head, kept, head_id, new)
-            return head, (yield from self.refs.missing(ref.head, new))
+            return (yield from self.refs.rebuilt(ref.head, kept, head_id))
 
-        self._known.pop(thread_id, None)
-        current = yield from self.ref(thread_id)
-        yield from self.refs.update(thread_id, change, current=current)
+        yield from self._edit(thread_id, change)
 
     def delete_thread(self, thread_id: str) -> Step[None]:
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             return None, {}
             yield  # pragma: no cover - a step
 
-        self._known.pop(thread_id, None)
-        current = yield from self.ref(thread_id)
-        yield from self.refs.update(thread_id, change, current=current)
+        yield from self._edit(thread_id, change)
         log.info("delete thread %r", thread_id)
 
     # --- audit, retention, garbage collection ---

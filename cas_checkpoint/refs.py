@@ -250,6 +250,14 @@ class RefStore:
         have = view.frozen_ids()
         return {k: v for k, v in new.items() if k not in have}
 
+    def rebuilt(self, base: Head, entries: list[LogEntry], head_id: CheckpointId | None
+                ) -> Step[tuple[Head, dict[ObjectId, bytes]]]:
+        """``build``: a head of ``base`` holding exactly ``entries``, and the segments of it
+        that ``base`` does not hold yet (unchanged leading segments come out the same)."""
+        new: dict[ObjectId, bytes] = {}
+        head = build(base, entries, head_id, new)
+        return head, (yield from self.missing(base, new))
+
     def holds(self, head: Head, entry: LogEntry) -> Step[bool]:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
         parent (it would come after that)."""

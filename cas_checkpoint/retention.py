@@ -146,9 +146,7 @@ def prune_thread(refs: RefStore, thread_id: str, *, keep_last: int | None,
                                    reasons=reasons, **policy)
             if not removed:
                 raise _Unchanged
-            new: dict[ObjectId, bytes] = {}
-            head = build(cur.head, kept, cur.head.head, new)
-            return head, (yield from refs.missing(cur.head, new))
+            return (yield from refs.rebuilt(cur.head, kept, cur.head.head))
 
         try:
             yield from refs.update(thread_id, change, current=ref)

@@ -335,9 +335,9 @@ class CasSaver(BaseCheckpointSaver[str]):
         wanted = [e for e in reversed(entries)
                   if "w" in e.metadata and (cids is None or e.metadata["w"] in cids)]
         per: dict[str, dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
+        loaded = yield from self._core.load_many(name, [e.id for e in wanted])
         for entry in wanted:  # oldest first
-            cp = yield from self._core.load(name, entry.id)
-            state, target = cp.state, str(entry.metadata["w"])
+            state, target = loaded[entry.id].state, str(entry.metadata["w"])
             got = per.setdefault(target, {})
             for idx, channel, value in state["writes"]:
                 key = (state["task"], idx)
@@ -348,12 +348,12 @@ class CasSaver(BaseCheckpointSaver[str]):
             got.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))]
             for cp, got in per.items()}
 
-    def _tuple(self, thread_id: str, ns: str, info: CheckpointInfo,
-               writes: list[PendingWrite]) -> Step[CheckpointTuple]:
-        cp = yield from self._core.load(_key(thread_id, ns), info.id)
+    @staticmethod
+    def _tuple(thread_id: str, ns: str, info: CheckpointInfo, state: Any,
+               writes: list[PendingWrite]) -> CheckpointTuple:
         lg, parent = info.metadata["lg"], info.metadata.get("lgp")
         meta = cast(CheckpointMetadata, dict(info.metadata["m"]))
-        return CheckpointTuple(_config(thread_id, ns, lg), cp.state, meta,
+        return CheckpointTuple(_config(thread_id, ns, lg), state, meta,
                                _config(thread_id, ns, parent) if parent else None, writes)
 
     def _get_tuple(self, config: RunnableConfig) -> Step[CheckpointTuple | None]:
@@ -368,7 +368,8 @@ class CasSaver(BaseCheckpointSaver[str]):
             return None
         lg = str(info.metadata["lg"])
         writes = yield from self._writes(thread_id, ns, {lg})
-        return (yield from self._tuple(thread_id, ns, info, writes.get(lg, [])))
+        loaded = yield from self._core.load_many(_key(thread_id, ns), [info.id])
+        return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []))
 
     def _list(self, config: RunnableConfig | None, filter: dict[str, Any] | None,
               before: RunnableConfig | None, limit: int | None) -> Step[list[CheckpointTuple]]:
@@ -398,9 +399,9 @@ class CasSaver(BaseCheckpointSaver[str]):
                 continue
             writes = yield from self._writes(thread_id, ns,
                                              {str(i.metadata["lg"]) for i in chosen})
-            for info in chosen:
-                out.append((yield from self._tuple(thread_id, ns, info,
-                                                   writes.get(str(info.metadata["lg"]), []))))
+            loaded = yield from self._core.load_many(_key(thread_id, ns), [i.id for i in chosen])
+            out += [self._tuple(thread_id, ns, info, loaded[info.id].state,
+                                writes.get(str(info.metadata["lg"]), [])) for info in chosen]
             if limit is not None and len(out) >= limit:
                 break
         return out
@@ -497,13 +498,17 @@ class CasSaver(BaseCheckpointSaver[str]):
             chain.append(cursor)
             cursor = by_lg[cursor].metadata.get("lgp")
         writes = (yield from self._writes(thread_id, ns, set(chain))) if chain else {}
-        for lg in chain:  # one walk up the parent chain, newest first
+        states: dict[CheckpointId, Any] = {}
+        for n, lg in enumerate(chain):  # one walk up the parent chain, newest first
             if not remaining:
                 break
             for write in reversed(writes.get(lg, [])):
                 if write[1] in remaining:
                     collected[write[1]].append(write)
-            values = (yield from self._core.load(name, by_lg[lg].id)).state["channel_values"]
+            if by_lg[lg].id not in states:  # the chain's states, a batch at a time
+                batch = [by_lg[x].id for x in chain[n:n + RECENT]]
+                states.update((yield from self._core.load_many(name, batch)))
+            values = states[by_lg[lg].id].state["channel_values"]
             for ch in list(remaining):
                 if ch in values:
                     seeds[ch] = values[ch]
