@@ -14,6 +14,8 @@ Per saver:
 
 * checkpoints: ``len(list(graph.get_state_history(config)))`` after the run;
 * wall s: the ``invoke`` (``perf_counter``), and ms per checkpoint = wall / checkpoints;
+* CasSaver local disk, zstd: the same store opened with ``compression="zstd"`` (packs
+  compressed at level 3; objects keep their names, so sharing is unchanged);
 * bytes stored: CasSaver ``saver.store.storage_bytes()`` before and after
   ``saver.store.gc(grace=timedelta(0))`` (on S3 after a 2.2 s sleep, LastModified having a
   1-second resolution, and with ``force=True``, as gc otherwise refuses a grace under 1 s);
@@ -201,13 +203,13 @@ def run(name: str, steps: int, saver: Any, stored: Callable[[], int],
 
 
 def cas_result(name: str, steps: int, url: str, opts: dict[str, Any] | None = None,
-               s3: bool = False) -> Result:
+               s3: bool = False, **open_kw: Any) -> Result:
     from cas_checkpoint.integrations.langgraph import CasSaver
 
     if s3:  # the once-per-process probe of conditional writes, under another prefix
         warm = CasSaver.from_url(f"s3://bench/warm-{uuid.uuid4().hex[:6]}", storage_options=opts)
         warm.store.save("warm", {"x": 1})
-    saver = CasSaver.from_url(url, storage_options=opts)
+    saver = CasSaver.from_url(url, storage_options=opts, **open_kw)
     counter = Requests(saver.store) if s3 else None
     r = run(name, steps, saver, saver.store.storage_bytes, counter)
     r.before_gc = r.stored
@@ -228,6 +230,8 @@ def results(steps: int) -> Iterator[Result]:
 
     tmp = tempfile.mkdtemp(prefix="bench-langgraph-")
     yield cas_result("CasSaver local disk", steps, os.path.join(tmp, "cas"))
+    yield cas_result("CasSaver local disk, zstd", steps, os.path.join(tmp, "cas-zstd"),
+                     compression="zstd")
     yield cas_result("CasSaver memory://", steps, f"memory://bench-lg-{uuid.uuid4().hex[:8]}")
     with moto_s3_process() as opts:
         yield cas_result("CasSaver S3 (moto)", steps, f"s3://bench/lg-{uuid.uuid4().hex[:6]}",

@@ -8,6 +8,8 @@
 """
 
 from .codec import TypeRegistry
+from .copy import CopyReport, copy_threads
+from .diff import Change, StateDiff
 from .errors import (
     CasError,
     ConflictError,
@@ -20,33 +22,44 @@ from .errors import (
     UnsafeStorageError,
 )
 from .gc import GCReport
+from .model import ThreadStats
 from .objects import CheckpointId, ObjectId
+from .receive import BundleReport
 from .repack import RepackReport
 from .retention import PruneReport
+from .search import Match, SearchResult
 from .store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
 from .verify_report import Problem, VerifyReport
 
 __all__ = [
+    "BundleReport",
     "CasError",
+    "Change",
     "Checkpoint",
     "CheckpointId",
     "CheckpointInfo",
     "CheckpointStore",
     "ConflictError",
+    "CopyReport",
     "FormatError",
     "GCReport",
     "IntegrityError",
     "InvalidArgumentError",
+    "Match",
     "NotFoundError",
     "ObjectId",
     "Problem",
     "PruneReport",
     "RepackReport",
+    "SearchResult",
     "SerializationError",
+    "StateDiff",
     "StorageError",
     "StoreStats",
+    "ThreadStats",
     "TypeRegistry",
     "UnsafeStorageError",
     "VerifyReport",
+    "copy_threads",
 ]
 __version__ = "0.2.0"

@@ -21,18 +21,23 @@ the commit lost. So after a cancelled save, ``landed(exc)`` tells the caller whe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from . import bundle, marker
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend_async
 from .core import CACHE_BYTES, UNSET, Core
+from .diff import StateDiff
+from .diff import diff as diff_step
 from .model import Checkpoint, CheckpointInfo, StoreStats
 from .objects import CheckpointId
 from .ops import Step, arun, landed
 from .repack import RepackReport
 from .retention import PruneReport
+from .search import SearchResult
+from .search import search as search_step
 from .store import check_open_args
 from .verify_report import Progress, VerifyReport
 
@@ -81,18 +86,27 @@ class AsyncCheckpointStore:
                    types: Iterable[type] = (), allow_unsafe: bool = False,
                    keep_last: int | None = None, cache_dir: str | Any | None = None,
                    cache_bytes: int = CACHE_BYTES, retries: int | None = None,
-                   timeout: float | None = None) -> AsyncCheckpointStore:
+                   timeout: float | None = None, create: bool = True,
+                   compression: str | None = None, compression_level: int | None = None
+                   ) -> AsyncCheckpointStore:
         """Open (creating if needed) the store at ``url``; the arguments are those of
         ``CheckpointStore.open``. For S3 this makes an s3fs session bound to the running event
         loop: use the store from that loop, and ``await store.aclose()`` (or ``async with``)
         when done."""
         check_open_args(retries, timeout)
+        settings = marker.Settings.of(compression, compression_level)
         url = str(url) if hasattr(url, "__fspath__") else url
         backend = await open_backend_async(url, dict(storage_options or {}),
                                            allow_unsafe=allow_unsafe, retries=retries,
-                                           timeout=timeout)
+                                           timeout=timeout, create=create)
         store = cls.__new__(cls)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        store._core.objects.wanted = settings
+        try:
+            await store._run(marker.opening(url, store._core.objects, create))
+        except BaseException:
+            await store.aclose()
+            raise
         return store
 
     def _init(self, core: Core) -> None:
@@ -125,12 +139,14 @@ class AsyncCheckpointStore:
 
     async def save(self, thread_id: str, state: Any, *, label: str | None = None,
                    tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-                   expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+                   expected_head: CheckpointId | None = UNSET, status: str | None = None,
+                   kind: str | None = None, reason: str | None = None) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id`` (see ``CheckpointStore.save``).
         Many tasks may save to one thread at once: every save lands, each on the head before
         it (compare-and-swap)."""
         return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
-                                               metadata=metadata, expected_head=expected_head),
+                                               metadata=metadata, expected_head=expected_head,
+                                               status=status, kind=kind, reason=reason),
                                offload=True)  # encoding and hashing off the loop
 
     # --- reading ---
@@ -144,19 +160,35 @@ class AsyncCheckpointStore:
         """Any checkpoint by id alone, whatever its thread."""
         return await self._run(self._core.get(checkpoint_id))
 
+    async def diff(self, a_id: CheckpointId, b_id: CheckpointId) -> StateDiff:
+        """What changed from checkpoint ``a_id`` to ``b_id`` (see ``CheckpointStore.diff``)."""
+        return await self._run(diff_step(self._core, a_id, b_id))
+
+    async def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
+                     all_history: bool = False, limit: int | None = None,
+                     progress: Callable[[int, int], object] | None = None) -> SearchResult:
+        """Str values matching ``query`` (see ``CheckpointStore.search``)."""
+        return await self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
+                                           all_history=all_history, limit=limit,
+                                           progress=progress))
+
     def history(self, thread_id: str, *, limit: int | None = None,
-                before: CheckpointId | None = None) -> Listing:
+                before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,
+                status: str | Iterable[str] | None = None) -> Listing:
         """Checkpoints of a thread, newest first, without states: ``await`` it for a list, or
-        ``async for`` over it."""
+        ``async for`` over it (``kind``/``status`` filter: see ``CheckpointStore.history``)."""
         return Listing(lambda: self._run(self._core.history(thread_id, limit=limit,
-                                                            before=before)))
+                                                            before=before, kind=kind,
+                                                            status=status)))
 
     def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
-             metadata: Mapping[str, Any] | None = None) -> Listing:
-        """Checkpoints (newest first) with this label, this tag and these metadata values:
-        ``await`` it or ``async for`` over it."""
+             metadata: Mapping[str, Any] | None = None, status: str | Iterable[str] | None = None,
+             kind: str | Iterable[str] | None = None) -> Listing:
+        """Checkpoints (newest first) with this label, this tag, these metadata values, this
+        status and this kind: ``await`` it or ``async for`` over it."""
         return Listing(lambda: self._run(self._core.find(thread_id, label=label, tag=tag,
-                                                         metadata=metadata)))
+                                                         metadata=metadata, status=status,
+                                                         kind=kind)))
 
     async def threads(self) -> list[str]:
         """Every thread in the store, sorted."""
@@ -221,12 +253,33 @@ class AsyncCheckpointStore:
         return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
                                              force=force))
 
+    # --- moving threads between stores ---
+
+    async def export_thread(self, thread_id: str, dest: bundle.Dest, *,
+                            progress: bundle.Progress | None = None) -> bundle.BundleReport:
+        """Write a thread and everything it reaches into a bundle (see
+        ``CheckpointStore.export_thread``); file writes run on the backend's thread pool."""
+        return await self._run(bundle.export_step(self._core, thread_id, dest, progress))
+
+    async def import_bundle(self, src: bundle.Dest, *, as_thread: str | None = None,
+                            progress: bundle.Progress | None = None) -> bundle.BundleReport:
+        """Read a bundle into this store (see ``CheckpointStore.import_bundle``)."""
+        return await self._run(bundle.import_step(self._core, src, as_thread, progress))
+
     # --- sizes ---
+
+    async def settings(self) -> dict[str, Any]:
+        """``CheckpointStore.settings``."""
+        await self._run(self._core.objects.settle())
+        got = self._core.objects.settings
+        assert got is not None
+        return {"compression": got.compression, "compression_level": got.level}
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
         return await self._run(self._core.storage_bytes())
 
-    async def stats(self) -> StoreStats:
-        """Logical against physical bytes (see ``CheckpointStore.stats``)."""
-        return await self._run(self._core.stats())
+    async def stats(self, *, by_thread: bool = False) -> StoreStats:
+        """Logical against physical bytes, and per thread with ``by_thread=True`` (see
+        ``CheckpointStore.stats``)."""
+        return await self._run(self._core.stats(by_thread))

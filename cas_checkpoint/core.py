@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any
 
-from . import codec, retention, tree
+from . import codec, model, retention, tree, usage
 from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
@@ -96,12 +96,14 @@ class Core:
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
              expected_head: CheckpointId | None = UNSET,
              parents: Iterable[CheckpointId] | None = None,
-             check: Callable[[Head], Step[None]] | None = None) -> Step[CheckpointInfo]:
+             check: Callable[[Head], Step[None]] | None = None, status: str | None = None,
+             kind: str | None = None, reason: str | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
         would extend, and may raise to refuse it: a condition on more than the head's id.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
         label, tags_t, meta = check_meta(label, tags, metadata)
+        status, kind, reason = model.check_annotations(status, kind, reason)
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
@@ -130,7 +132,7 @@ class Core:
             new = dict(nodes) if skip is None else skip.missing(nodes)
             parents = given if given is not None else (head.head,) if head.head else ()
             record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
-                            label, tags_t, meta, inline)
+                            label, tags_t, meta, inline, status, kind, reason)
             data = record.encode()
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
@@ -253,6 +255,15 @@ class Core:
 
     def get(self, checkpoint_id: CheckpointId) -> Step[Checkpoint]:
         cid = check_id(checkpoint_id)
+        view = (yield from self.locate([cid]))[cid]
+        return self.decode(view, cid, None)
+
+    def locate(self, checkpoint_ids: list[CheckpointId]) -> Step[dict[CheckpointId, View]]:
+        """A view holding each checkpoint, whatever its thread (a thread whose log names it,
+        else one that still holds its objects); NotFoundError if none does. (``get``; also
+        ``diff.py``, which reads the nodes of two checkpoints through these views.)"""
+        wanted = set(checkpoint_ids)
+        out: dict[CheckpointId, View] = {}
         heads = [r.head for _, r in (yield from self._refs()) if r is not None]
         views: list[View] = []
         for head in heads:
@@ -260,12 +271,19 @@ class Core:
                 continue
             view = yield from self.objects.view(head)
             views.append(view)
-            if any(e.id == cid for e in self.refs.iter_newest_first(head, view)):
-                return self.decode(view, cid, None)
+            for e in self.refs.iter_newest_first(head, view):
+                if e.id in wanted and e.id not in out:
+                    out[e.id] = view
+                    if len(out) == len(wanted):
+                        return out
         for view in views:  # rewound or pruned out of every log: its objects stay until repacked
-            if cid in view.frozen_ids():
-                return self.decode(view, cid, None)
-        raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
+            for cid in wanted - out.keys():
+                if cid in view.frozen_ids():
+                    out[cid] = view
+        for cid in checkpoint_ids:
+            if cid not in out:
+                raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
+        return out
 
     def _refs(self) -> Step[list[tuple[str, Ref | None]]]:
         """Every thread and its ref (read concurrently)."""
@@ -319,16 +337,19 @@ class Core:
                     state: Any) -> Checkpoint:
         return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
                           datetime.fromtimestamp(record.created_at, UTC), record.size,
-                          record.label, record.tags, record.metadata, state)
+                          record.label, record.tags, record.metadata, record.status,
+                          record.kind, record.reason, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,
-                before: CheckpointId | None = None, cached: bool = False
-                ) -> Step[list[CheckpointInfo]]:
+                before: CheckpointId | None = None, cached: bool = False,
+                kind: str | Iterable[str] | None = None,
+                status: str | Iterable[str] | None = None) -> Step[list[CheckpointInfo]]:
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
                                   or limit < 0):
             raise InvalidArgumentError("limit must be a non-negative int or None")
         if before is not None:
             before = check_id(before, "before")
+        wanted = model.entry_filter(kind, status)
         known = self._known.get(thread_id) if cached else None  # (a log only ever grows at
         head = known.head if known else (yield from self.ref(thread_id)).head  # its end)
         out: list[CheckpointInfo] = []
@@ -342,7 +363,8 @@ class Core:
                 if skipping:
                     skipping = entry.id != before
                     continue
-                out.append(info_of(entry, thread_id))
+                if wanted(entry):
+                    out.append(info_of(entry, thread_id))
             return limit is not None and len(out) >= limit
 
         if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
@@ -353,7 +375,9 @@ class Core:
         return out
 
     def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
-             metadata: Mapping[str, Any] | None = None) -> Step[list[CheckpointInfo]]:
+             metadata: Mapping[str, Any] | None = None, status: str | Iterable[str] | None = None,
+             kind: str | Iterable[str] | None = None) -> Step[list[CheckpointInfo]]:
+        wanted = model.entry_filter(kind, status)
         out = []
         head = (yield from self.ref(thread_id)).head
         for entry in (yield from self.refs.newest_first(head)):
@@ -362,6 +386,8 @@ class Core:
             if tag is not None and tag not in entry.tags:
                 continue
             if metadata and any(entry.metadata.get(k, UNSET) != v for k, v in metadata.items()):
+                continue
+            if not wanted(entry):
                 continue
             out.append(info_of(entry, thread_id))
         return out
@@ -454,6 +480,12 @@ class Core:
         yield from self._edit(thread_id, change, expected_head=expected_head)
         log.info("rewind %r to %s", thread_id, cid)
         return info_of(found["entry"], thread_id)
+
+    def forget(self, thread_id: str) -> None:
+        """Drop what this store object remembers of a thread's ref (before a module outside
+        this one, such as an import, changes the ref)."""
+        self._known.pop(thread_id, None)
+        self._have.pop(thread_id, None)
 
     def _edit(self, thread_id: str, change: Change,
               expected_head: CheckpointId | None = UNSET) -> Step[None]:
@@ -565,16 +597,26 @@ class Core:
         refs: list[ObjectInfo] = yield List("refs")
         return sum(i.size for i in packs) + sum(i.size for i in refs)
 
-    def stats(self) -> Step[StoreStats]:
+    def stats(self, by_thread: bool = False) -> Step[StoreStats]:
+        if not isinstance(by_thread, bool):
+            raise InvalidArgumentError(f"by_thread must be True or False, not {by_thread!r}")
         sizes: dict[str, int] = {}
+        logs: dict[str, list[LogEntry]] = {}
         threads = yield from self._refs()
-        for _, ref in threads:
+        for thread, ref in threads:
             if ref is not None:
-                sizes.update((e.id, e.size) for e in (yield from self.refs.entries(ref.head)))
+                logs[thread] = yield from self.refs.entries(ref.head)
+                sizes.update((e.id, e.size) for e in logs[thread])
         objects: list[ObjectInfo] = yield List("packs")
         refs: list[ObjectInfo] = yield List("refs")
         physical = sum(i.size for i in objects) + sum(i.size for i in refs)
         logical = sum(sizes.values())
+
+        def head_state(thread: str, ref: Ref) -> Step[Any]:
+            return (yield from self._load_ref(thread, ref, None)).state
+
+        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
+               ) if by_thread else {}
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
                           logical / physical if physical else 0.0, self.objects.hits,
-                          self.objects.misses)
+                          self.objects.misses, per)

@@ -6,6 +6,10 @@ call at a time), its ``Ref``/``Span`` placeholders answered from its children's 
 tuple or dict split over leaves that hold no placeholders is joined fast: the leaves' item bytes
 are concatenated and decoded in one pass.
 
+Lengths that concatenations and ``Span`` placeholders give for their children's parts (see
+``tree``) are checked against the parts joined: a node whose lengths disagree with its children
+is refused (FormatError). Nodes written before lengths existed are joined as before.
+
 Bounds that the data cannot move: ``MAX_DEPTH`` node levels; an expansion budget of node bytes
 (a node shared by many parents counts once per use) of ``EXPANSION`` times the distinct node
 bytes read, and never more than ``LOAD_BUDGET``. ``tree.build`` refuses any state these would
@@ -31,6 +35,7 @@ from .shapes import (
     TUPLE,
     VALUE,
     array_header,
+    concat_lengths,
     map_header,
 )
 
@@ -68,12 +73,13 @@ def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
 
 
 class _Frame:
-    __slots__ = ("children", "depth", "oid", "payload", "shape", "vals")
+    __slots__ = ("children", "depth", "lengths", "oid", "payload", "shape", "vals")
 
     def __init__(self, oid: ObjectId, depth: int, children: tuple[ObjectId, ...],
-                 payload: memoryview, shape: int) -> None:
+                 payload: memoryview, shape: int, lengths: tuple[int, ...] | None = None
+                 ) -> None:
         self.oid, self.depth, self.children = oid, depth, children
-        self.payload, self.shape = payload, shape
+        self.payload, self.shape, self.lengths = payload, shape, lengths
         self.vals: list[Any] = []
 
 
@@ -125,17 +131,16 @@ class _Joiner:
             if not children:
                 return codec.decode(payload[1:], types=self.types)
             return _Frame(oid, depth, children, payload, shape)
-        if len(payload) != 1 or shape > BYTES:
-            raise FormatError(f"state node {oid} has unknown shape {shape}; the node is corrupt")
+        shape, lengths = concat_lengths(oid, payload, len(children))
         if shape in (LIST, TUPLE, DICT):
-            fast = self.flat_join(shape, children, depth)
+            fast = self.flat_join(shape, children, lengths, depth)
             if fast is not _PENDING:
                 return fast
-        return _Frame(oid, depth, children, payload, shape)
+        return _Frame(oid, depth, children, payload, shape, lengths)
 
     def finish(self, frame: _Frame) -> Any:
         if frame.shape != VALUE:
-            return self.concat(frame.oid, frame.shape, frame.vals)
+            return self.concat(frame.oid, frame.shape, frame.vals, frame.lengths)
         vals, used, oid = frame.vals, set[int](), frame.oid
 
         def take(start: int, count: int) -> list[Any]:
@@ -146,22 +151,27 @@ class _Joiner:
             used.update(range(start, start + count))
             return vals[start:start + count]
 
-        def span(kind: int, start: int, count: int) -> Any:
+        def span(kind: int, start: int, count: int, lengths: tuple[int, ...] | None = None
+                 ) -> Any:
             if not LIST <= kind <= BYTES:
                 raise FormatError(f"node {oid} joins children into unknown shape {kind}")
-            return self.concat(oid, kind, take(start, count))
+            return self.concat(oid, kind, take(start, count), lengths)
 
         return codec.decode(frame.payload[1:], types=self.types,
                             resolve=lambda i: take(i, 1)[0], span=span)
 
     @staticmethod
-    def concat(oid: ObjectId, shape: int, parts: list[Any]) -> Any:
-        """``parts`` (the values of a node's children) joined as ``shape``."""
+    def concat(oid: ObjectId, shape: int, parts: list[Any],
+               lengths: tuple[int, ...] | None = None) -> Any:
+        """``parts`` (the values of a node's children) joined as ``shape``, each checked
+        against its length when ``lengths`` are given."""
         want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
         for part in parts:
             if type(part) is not want and not (want is list and type(part) is tuple):
                 raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
                                   f"{want.__name__}; the node is corrupt")
+        if lengths is not None:
+            check_lengths(oid, lengths, [len(p) for p in parts])
         if shape in (LIST, TUPLE):
             out: list[Any] = []
             for part in parts:
@@ -174,24 +184,41 @@ class _Joiner:
             return merged
         return "".join(parts) if shape == STR else b"".join(parts)
 
-    def flat_join(self, shape: int, children: tuple[ObjectId, ...], depth: int) -> Any:
+    def flat_join(self, shape: int, children: tuple[ObjectId, ...],
+                  lengths: tuple[int, ...] | None, depth: int) -> Any:
         """A list/tuple/dict whose leaves hold no placeholders: their item bytes joined and
         decoded in one pass; ``_PENDING`` when a leaf has children (the caller evaluates the
-        children one by one instead)."""
+        children one by one instead). Each length given is checked against the items found
+        under its child (the decode checks that the leaves' headers add up)."""
         is_map = shape == DICT
         small, b16, b32 = (0x80, 0xDE, 0xDF) if is_map else (0x90, 0xDC, 0xDD)
         inner = DICT if is_map else LIST
         items: list[memoryview] = []
         count = 0
-        stack = [(c, depth + 1) for c in reversed(children)]
+        # (node, its depth, its length or None) or, to check a length, (node, -1, expected
+        # count when it ends): a node's check is popped after everything under it
+        stack: list[tuple[ObjectId, int, int | None]] = []
+
+        def push(kids: tuple[ObjectId, ...], level: int, got: tuple[int, ...] | None) -> None:
+            for i in range(len(kids) - 1, -1, -1):
+                stack.append((kids[i], level, None if got is None else got[i]))
+
+        push(children, depth + 1, lengths)
         while stack:
-            oid, level = stack.pop()
+            oid, level, want = stack.pop()
+            if level < 0:
+                if count != want:
+                    raise FormatError(f"state node {oid} is said to hold a different number of "
+                                      "items than it does; the node is corrupt")
+                continue
+            if want is not None:
+                stack.append((oid, -1, count + want))
             kids, payload = self.visit(oid, level)
             kind = payload[0]
             if kind != VALUE:
-                if len(payload) != 1 or kind != inner:
+                if kind & 0x0F != inner:
                     return _PENDING
-                stack.extend((c, level + 1) for c in reversed(kids))
+                push(kids, level + 1, concat_lengths(oid, payload, len(kids))[1])
                 continue
             if kids or len(payload) < 2:
                 return _PENDING
@@ -209,3 +236,10 @@ class _Joiner:
         head = map_header(count) if is_map else array_header(count)
         joined = codec.decode(head + b"".join(items), types=self.types)
         return tuple(joined) if shape == TUPLE else joined
+
+
+def check_lengths(oid: str, lengths: tuple[int, ...], found: list[int]) -> None:
+    """FormatError unless the lengths a node gives are those of the parts found."""
+    if list(lengths) != found:
+        raise FormatError(f"state node {oid} says its children's parts hold {list(lengths)[:8]} "
+                          f"items, they hold {found[:8]}; the node is corrupt")

@@ -1,5 +1,6 @@
 """Placeholders for child nodes inside codec bytes: ``Ref`` (one child) and ``Span`` (several
-children joined into one value). Pure code; ``codec`` encodes them as ext types 12 and 14."""
+children joined into one value). Pure code; ``codec`` encodes them as ext types 12 and 14, or
+16 for a ``Span`` that also gives the length of each child's part (see ``Span.lengths``)."""
 
 from __future__ import annotations
 
@@ -22,16 +23,25 @@ class Ref:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Span:
     """Placeholder for children ``start .. start + count - 1`` of a node, joined into one value
-    of ``shape`` (a list, dict, str... split over them): encodes as ext 14."""
+    of ``shape`` (a list, dict, str... split over them): encodes as ext 14, or as ext 16 with
+    ``lengths``: the length of each child's part (items of a list, pairs of a dict, characters
+    of a str, bytes of a bytes), so that a reader knows where each part lies without reading
+    it. Lengths are for navigation only: a reader checks them against the parts it reads."""
 
     shape: int
     start: int
     count: int
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if type(self.shape) is not int or not 0 <= self.shape < 256 or any(
                 type(v) is not int or not 0 <= v < 1 << 32 for v in (self.start, self.count)):
             raise InvalidArgumentError(f"invalid Span {self!r}")
+        if self.lengths is not None and (
+                type(self.lengths) is not tuple or len(self.lengths) != self.count
+                or any(type(v) is not int or not 0 <= v < 1 << 32 for v in self.lengths)):
+            raise InvalidArgumentError(f"a Span's lengths must be {self.count} ints in "
+                                       f"[0, 2**32): {self.lengths!r}")
 
 
 def varint(n: int) -> bytes:
@@ -45,20 +55,43 @@ def varint(n: int) -> bytes:
 
 
 def span_fields(data: bytes) -> tuple[int, int, int] | None:
-    """(shape, start, count) of a Span payload; None unless it is exactly two minimal varints."""
-    if len(data) < 3:
+    """(shape, start, count) of a Span payload (ext 14); None unless it is exactly two minimal
+    varints."""
+    got = read_varints(data, 1, 2) if data else None
+    if got is None or got[1] != len(data):
         return None
-    fields, pos = [data[0]], 1
-    for _ in range(2):
+    return data[0], got[0][0], got[0][1]
+
+
+def counted_span_fields(data: bytes) -> tuple[int, int, int, tuple[int, ...]] | None:
+    """(shape, start, count, lengths) of a counted Span payload (ext 16): a shape byte, start,
+    count, then ``count`` lengths, all minimal varints (each below 2**32); None otherwise."""
+    head = read_varints(data, 1, 2) if data else None
+    if head is None:
+        return None
+    (start, count), pos = head
+    if count > len(data) - pos:  # each length takes a byte at least: no big allocation
+        return None
+    got = read_varints(data, pos, count)
+    if got is None or got[1] != len(data):
+        return None
+    return data[0], start, count, tuple(got[0])
+
+
+def read_varints(data: bytes | memoryview, pos: int, n: int) -> tuple[list[int], int] | None:
+    """``n`` minimal LEB128 varints (each below 2**32) from ``pos``, and where they end; None
+    if one is cut off, too long, not minimal or too big."""
+    out: list[int] = []
+    for _ in range(n):
         got = read_varint(data, pos, 5)
         if got is None:
             return None
         value, end = got
-        if end - pos > 1 and data[end - 1] == 0:  # a trailing zero group: not minimal
+        if end - pos > 1 and data[end - 1] == 0 or value >> 32:  # not minimal, or too big
             return None
-        fields.append(value)
+        out.append(value)
         pos = end
-    return (fields[0], fields[1], fields[2]) if pos == len(data) else None
+    return out, pos
 
 
 def read_varint(data: bytes | memoryview, pos: int, max_bytes: int) -> tuple[int, int] | None:

@@ -3,7 +3,7 @@ and the checks of its arguments. Shared by the sync and async faces."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -11,7 +11,15 @@ from typing import Any
 import msgpack
 
 from .errors import InvalidArgumentError, SerializationError
-from .objects import MAX_META_BYTES, CheckpointId, LogEntry, is_object_id
+from .objects import (
+    KINDS,
+    MAX_META_BYTES,
+    MAX_REASON,
+    STATUSES,
+    CheckpointId,
+    LogEntry,
+    is_object_id,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,9 @@ class CheckpointInfo:
     label: str | None = None
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    status: str | None = None  # in_progress, completed, failed, halted (None: not set)
+    kind: str | None = None  # automatic, manual, pre_operation, recovery (None: not set)
+    reason: str | None = None  # why a checkpoint is failed or halted
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +50,8 @@ class Checkpoint(CheckpointInfo):
 def info_of(entry: LogEntry, thread_id: str) -> CheckpointInfo:
     return CheckpointInfo(entry.id, thread_id, entry.step, entry.parents,
                           datetime.fromtimestamp(entry.created_at, UTC), entry.size,
-                          entry.label, entry.tags, entry.metadata)
+                          entry.label, entry.tags, entry.metadata, entry.status, entry.kind,
+                          entry.reason)
 
 
 def check_id(cid: object, what: str = "checkpoint id") -> CheckpointId:
@@ -78,6 +90,60 @@ def check_meta(label: object, tags: object, metadata: object) -> tuple[str | Non
     return label, tags, metadata
 
 
+def check_annotations(status: object, kind: object, reason: object
+                      ) -> tuple[str | None, str | None, str | None]:
+    """A checkpoint's status, kind and reason as given to save(), checked."""
+    if status is not None and status not in STATUSES:
+        raise InvalidArgumentError(f"status must be one of {', '.join(map(repr, STATUSES))} "
+                                   f"or None, not {status!r}")
+    if kind is not None and kind not in KINDS:
+        raise InvalidArgumentError(f"kind must be one of {', '.join(map(repr, KINDS))} or "
+                                   f"None, not {kind!r}")
+    if reason is not None:
+        if status not in ("failed", "halted"):
+            raise InvalidArgumentError("reason= says why a checkpoint failed or halted: pass "
+                                       "it with status='failed' or status='halted'")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise InvalidArgumentError(f"reason must be a str of at most {MAX_REASON} "
+                                       "characters (put details in the state or metadata)")
+    return status, kind, reason
+
+
+def entry_filter(kind: object, status: object) -> Callable[[LogEntry], bool]:
+    """The test of find/history's ``kind=`` and ``status=`` (each one value, a list of them,
+    or None for any), checked now."""
+    kinds, statuses = check_filter(kind, KINDS, "kind"), check_filter(status, STATUSES, "status")
+    return lambda e: ((kinds is None or e.kind in kinds)
+                      and (statuses is None or e.status in statuses))
+
+
+def check_filter(value: object, allowed: tuple[str, ...], what: str) -> frozenset[str] | None:
+    """A status= or kind= filter of find/history: one value or several, each allowed."""
+    if value is None:
+        return None
+    values = (value,) if isinstance(value, str) else (
+        tuple(value) if isinstance(value, list | tuple | set | frozenset) else None)
+    if values is None or not all(v in allowed for v in values):
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(map(repr, allowed))}, "
+                                   f"or a list of them, not {value!r}")
+    out = frozenset(values)
+    if not out:
+        raise InvalidArgumentError(f"{what}= is an empty list: it would match nothing; pass "
+                                   "None to match every checkpoint")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStats:
+    """One thread's figures in ``stats(by_thread=True)``."""
+
+    checkpoints: int  # in its log
+    messages: int | None  # len of its head state's "messages" list (None: no such list)
+    logical_bytes: int  # sum of its checkpoints' encoded state sizes
+    physical_bytes: int  # its ref plus the packs it names (a shared pack counts in each thread)
+    dedup_ratio: float  # logical / physical
+
+
 @dataclass(frozen=True, slots=True)
 class StoreStats:
     """What ``stats()`` reports."""
@@ -90,3 +156,4 @@ class StoreStats:
     dedup_ratio: float  # logical / physical
     cache_hits: int = 0  # packs this store object found in its caches (memory, cache_dir)
     cache_misses: int = 0  # packs it had to read from storage
+    by_thread: dict[str, ThreadStats] = field(default_factory=dict)  # stats(by_thread=True)

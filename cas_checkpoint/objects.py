@@ -9,7 +9,7 @@ kind   name             body
 =====  ===============  ============================================================
 ``N``  state node       varint child count, 32-byte child ids, codec bytes of a value
 ``C``  checkpoint       msgpack array: thread, parents, state root, step, time, size, label,
-                        tags, metadata
+                        tags, metadata, then optionally status, kind, reason
 ``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
 ``H``  thread head      32-byte BLAKE3 of the body, then a msgpack map: thread id, head id and
                         step, segment peaks, tail entries, packs, inline objects, lineage
@@ -27,6 +27,11 @@ Two encodings keep the bytes every save writes small:
   entry of the same container stores ``nil`` instead of its parent list. Each container decodes
   on its own: its first entry always lists its parents.
 
+A checkpoint's ``status`` (``in_progress``, ``completed``, ``failed``, ``halted``), ``kind``
+(``automatic``, ``manual``, ``pre_operation``, ``recovery``) and ``reason`` are optional trailing
+items of a record and of its log entries: only as many as the last one set are written, so a
+checkpoint without them has the same bytes (and id) as before they existed.
+
 Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap).
 Nodes, checkpoint records and segments are immutable objects, each named by the hash of its own
 bytes; they are stored inside a thread's head while few (``Head.inline``), and in packs
@@ -36,10 +41,7 @@ leaves room for compression and encryption.
 
 from __future__ import annotations
 
-import itertools
 import re
-import struct
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -171,6 +173,9 @@ class LogEntry:
     label: str | None = None
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    status: str | None = None
+    kind: str | None = None
+    reason: str | None = None
 
     def pack(self, prev: CheckpointId | None = None) -> list[Any]:
         """The entry as a list; parents are ``nil`` when they are exactly ``(prev,)``, the id of
@@ -180,17 +185,19 @@ class LogEntry:
             None if prev is not None and self.parents == (prev,)
             else [_bin_id(p) for p in self.parents],
             *_described(self),
+            *_annotated(self),
         ]
 
     @staticmethod
     def unpack(raw: object, prev: CheckpointId | None = None) -> LogEntry:
         """Inverse of ``pack(prev)``: ``nil`` parents stand for ``(prev,)``."""
-        if not isinstance(raw, list) or len(raw) != 8:
-            raise _bad("log entry must be an 8-item list")
-        cid, parents, step, created, size, label, tags, meta = raw
+        if not isinstance(raw, list) or not 8 <= len(raw) <= 11:
+            raise _bad("log entry must be an 8-item list (up to 11 with status, kind, reason)")
+        cid, parents, step, created, size, label, tags, meta = raw[:8]
         if not isinstance(cid, bytes) or len(cid) != 32:
             raise _bad("log entry id must be 32 bytes")
         _check_fields(step, created, size, label, tags, meta)
+        status, kind, reason = _check_annotations(raw[8:])
         if parents is None:
             if prev is None:
                 raise _bad("the first log entry of a segment or head names its parent by "
@@ -199,7 +206,7 @@ class LogEntry:
         else:
             back = tuple(CheckpointId(p) for p in _hex_ids(parents, "parents"))
         return LogEntry(CheckpointId(cid.hex()), back, step, float(created), size, label,
-                        tuple(tags), meta)
+                        tuple(tags), meta, status, kind, reason)
 
 
 def _pack_entries(entries: tuple[LogEntry, ...]) -> list[list[Any]]:
@@ -221,6 +228,34 @@ def _unpack_entries(raw: list[Any]) -> tuple[LogEntry, ...]:
 def _described(x: LogEntry | Record) -> list[Any]:
     """The fields a log entry repeats from its record, in their stored order."""
     return [x.step, x.created_at, x.size, x.label, list(x.tags), x.metadata]
+
+
+STATUSES = ("in_progress", "completed", "failed", "halted")
+KINDS = ("automatic", "manual", "pre_operation", "recovery")
+MAX_REASON = 4096  # characters of a failed/halted checkpoint's reason
+
+
+def _annotated(x: LogEntry | Record) -> list[Any]:
+    """Status, kind and reason, as stored: trailing unset ones are left out (none set: the
+    bytes of a checkpoint from before these fields existed)."""
+    out = [x.status, x.kind, x.reason]
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _check_annotations(raw: list[Any]) -> tuple[str | None, str | None, str | None]:
+    """The optional trailing items of an entry or record, checked (nothing else goes past)."""
+    if raw and raw[-1] is None:
+        raise _bad("a trailing status/kind/reason item is nil (it is left out when unset)")
+    status, kind, reason = [*raw, None, None, None][:3]
+    if status is not None and status not in STATUSES:
+        raise _bad(f"status must be one of {', '.join(STATUSES)} or nil")
+    if kind is not None and kind not in KINDS:
+        raise _bad(f"kind must be one of {', '.join(KINDS)} or nil")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+        raise _bad(f"reason must be a string of at most {MAX_REASON} characters or nil")
+    return status, kind, reason
 
 
 MAX_STEP = (1 << 62) - 1
@@ -269,6 +304,9 @@ class Record:
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
     root_node: bytes | None = None
+    status: str | None = None
+    kind: str | None = None
+    reason: str | None = None
 
     def encode(self) -> bytes:
         if self.root_node is None:
@@ -285,11 +323,12 @@ class Record:
             [_bin_id(p) for p in self.parents],
             root,
             *_described(self),
+            *_annotated(self),
         ])
 
     def entry(self, cid: CheckpointId) -> LogEntry:
         return LogEntry(cid, self.parents, self.step, self.created_at, self.size, self.label,
-                        self.tags, self.metadata)
+                        self.tags, self.metadata, self.status, self.kind, self.reason)
 
     def children(self) -> tuple[ObjectId, ...]:
         """The stored state nodes this record names directly: its root, or the children of
@@ -301,15 +340,17 @@ class Record:
     @staticmethod
     def decode(data: bytes | memoryview) -> Record:
         body = _unpack_body(data, RECORD)
-        if not isinstance(body, list) or len(body) != 9:
-            raise _bad("checkpoint record must be a 9-item array")
-        thread, parents, root, step, created, size, label, tags, meta = body
+        if not isinstance(body, list) or not 9 <= len(body) <= 12:
+            raise _bad("checkpoint record must be a 9-item array (up to 12 with status, kind, "
+                       "reason)")
+        thread, parents, root, step, created, size, label, tags, meta = body[:9]
         if not isinstance(thread, str):
             raise _bad("record thread must be a string")
         if not isinstance(root, bytes) or not 0 < len(root) <= INLINE_ROOT_MAX - 5:
             raise _bad("record state root must be a 32-byte id or an inline node of at most "
                        f"{INLINE_ROOT_MAX - 5} bytes")
         _check_fields(step, created, size, label, tags, meta)
+        status, kind, reason = _check_annotations(body[9:])
         node = None
         if len(root) == 32:
             oid = ObjectId(root.hex())
@@ -323,7 +364,7 @@ class Record:
             oid = object_id(node)
         return Record(
             thread, tuple(CheckpointId(p) for p in _hex_ids(parents, "parents")), oid, step,
-            float(created), size, label, tuple(tags), meta, node,
+            float(created), size, label, tuple(tags), meta, node, status, kind, reason,
         )
 
 
@@ -481,70 +522,3 @@ class Head:
 
 def _count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
-
-
-# --- packs -------------------------------------------------------------------------------------
-
-
-PACK_PREFIX = 4  # bytes of each object's id in a pack's index: the rest is its hash
-MAX_SAME_PREFIX = 16  # objects of one pack sharing a prefix, at most (a few, by chance)
-
-
-def encode_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:
-    """One pack holding ``objects`` (id -> bytes), in the order given: the header, a flags byte,
-    the object count (u32), the first ``PACK_PREFIX`` bytes of each id, each object's length,
-    then the objects. Flags: bit 0 set means lengths are u16 (every object under 64 KB), else
-    u32; the other bits are 0 (room for compression and encryption). 6 or 8 bytes of index an
-    object; a reader re-hashes an object to know its full id."""
-    lengths = list(map(len, objects.values()))
-    short = max(lengths, default=0) < 1 << 16
-    prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
-    sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    head = _HEADERS[PACK] + bytes([1 if short else 0]) + struct.pack(">I", len(objects))
-    return b"".join([head, prefixes, sizes, *objects.values()])
-
-
-def read_pack_index(data: bytes | memoryview) -> dict[int, list[tuple[int, int]]]:
-    """A pack's index: id prefix (as an int) -> the (start, end) of each object in ``data``
-    whose id starts so (one, but for the rare chance collision). Checks the shape only: the
-    caller re-hashes each object it takes out to find the one it wants."""
-    if object_kind(data) != PACK:
-        raise _bad("expected a pack")
-    view = memoryview(data)
-    if len(view) < 10 or view[5] > 1:
-        raise _bad("pack flags name a feature this version does not read (only plain packs)")
-    width = 2 if view[5] else 4
-    (count,) = struct.unpack_from(">I", view, 6)
-    body = 10 + count * (PACK_PREFIX + width)
-    if body > len(view):
-        raise _bad(f"pack claims {count} objects but is only {len(view)} bytes long")
-    prefixes = struct.unpack_from(f">{count}I", view, 10)
-    lengths = struct.unpack_from(f">{count}{'H' if width == 2 else 'I'}", view,
-                                 10 + count * PACK_PREFIX)
-    if body + sum(lengths) != len(view):
-        raise _bad("pack index does not add up to the pack's length")
-    ends = list(itertools.accumulate(lengths, initial=body))
-    index = {p: [loc] for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False),
-                                         strict=False)}
-    if len(index) < count:  # some prefixes repeat: gather every location of each
-        index = {}
-        for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False), strict=False):
-            index.setdefault(p, []).append(loc)
-            if len(index[p]) > MAX_SAME_PREFIX:
-                raise _bad(f"more than {MAX_SAME_PREFIX} objects of a pack share an id prefix")
-    return index
-
-
-def pack_prefix(oid: str) -> int:
-    return int(oid[:2 * PACK_PREFIX], 16)
-
-
-def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
-    """Every object of a pack by its full id (each one hashed: tools and audits)."""
-    view = memoryview(data)
-    out: dict[ObjectId, memoryview] = {}
-    for locations in read_pack_index(view).values():
-        for start, end in locations:
-            obj = view[start:end]
-            out[object_id(obj)] = obj
-    return out

@@ -17,10 +17,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, NotFoundError
-from .objects import Head, ObjectId, object_id, pack_prefix, read_pack_index
+from .objects import Head, ObjectId, object_id
 from .ops import GetMany, PutMany, Step
+from .packfile import Zstd, open_pack, pack_prefix
 
 PREFIX = "packs"
 
@@ -109,10 +111,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
     try:
-        index = read_pack_index(data)
+        view, index = open_pack(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
-    return Pack(ObjectId(pid), len(data), memoryview(data), index)
+    return Pack(ObjectId(pid), len(data), view, index)
 
 
 class View:
@@ -178,8 +180,20 @@ class ObjectStore:
         self.hits = 0
         self.misses = 0
         self._views: OrderedDict[int, View] = OrderedDict()  # by head object (identity)
+        self.wanted: marker.Settings | None = None  # what the opener asked for (None: any)
+        self.settings: marker.Settings | None = None  # the store's, once read (first write)
+        self.compressor: Zstd | None = None  # by the settings (None until they are read)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
+
+    def settle(self) -> Step[Zstd | None]:
+        """How new packs are compressed: by the store's settings, read once (before the first
+        pack this object writes); InvalidArgumentError if they differ from ``wanted``."""
+        if self.settings is None:
+            settings = yield from marker.settle(self.backend.url, self.wanted)
+            self.compressor = settings.compressor()
+            self.settings = settings
+        return self.compressor
 
     # --- cache ---
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from .objects import Head, ObjectId, PackRef, encode_pack, object_id
+from .objects import Head, ObjectId, PackRef, object_id
+from .packfile import Zstd, encode_pack
 
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
@@ -30,21 +31,22 @@ PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, byte
 """Reads packs (id -> their objects) for a merge."""
 
 
-def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int
-              ) -> tuple[PackRef, bytes]:
-    data = encode_pack({k: bytes(v) for k, v in objects.items()})
+def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
+              compressor: Zstd | None = None) -> tuple[PackRef, bytes]:
+    data = encode_pack({k: bytes(v) for k, v in objects.items()}, compressor)
     return PackRef(object_id(data), level, len(data), len(objects)), data
 
 
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
-          inline_max: int = INLINE_MAX) -> tuple[Head, dict[ObjectId, bytes]]:
+          inline_max: int = INLINE_MAX, compressor: Zstd | None = None
+          ) -> tuple[Head, dict[ObjectId, bytes]]:
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes)."""
     inline: dict[ObjectId, bytes] = {object_id(d): d for d in head.inline}
     for oid, data in new.items():
         inline.setdefault(oid, data)
     if sum(len(d) for d in inline.values()) <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
-    ref, data = make_pack(inline, 0)
+    ref, data = make_pack(inline, 0, compressor)
     written: dict[ObjectId, bytes] = {ref.id: data}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
@@ -62,7 +64,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data = make_pack(merged, min(level, 63))
+        ref, data = make_pack(merged, min(level, 63), compressor)
         for p in group:
             written.pop(p.id, None)  # merged before it was ever written
         written[ref.id] = data

@@ -369,10 +369,11 @@ class RefStore:
                ) -> Step[tuple[Head, dict[ObjectId, bytes]]]:
         """``packing.stage``, reading the packs a merge needs (those not cached) first."""
         fetched: dict[str, Pack] = {}
+        compressor = yield from self.objects.settle()  # the store's settings, read once
         while True:
             try:
                 return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
-                                     self.inline_max)
+                                     self.inline_max, compressor)
             except NeedPacks as need:
                 got = yield from self.objects.packs(need.ids)
                 fetched.update(got)

@@ -117,7 +117,8 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
         if dry_run or not head.packs or before == 0 or (before - after) / before < min_garbage:
             return report
         level = max(p.level for p in head.packs)
-        pack, data = make_pack(kept, level)
+        compressor = yield from refs.objects.settle()
+        pack, data = make_pack(kept, level, compressor)
         yield from refs.objects.put_packs({pack.id: data})  # the pack, then the ref naming it
 
         def change(cur: Ref | None, ref: Ref = ref, pack: PackRef = pack

@@ -9,15 +9,20 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
+from . import bundle, marker
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend
 from .core import CACHE_BYTES, UNSET, Core, log
+from .diff import StateDiff
+from .diff import diff as diff_step
 from .errors import InvalidArgumentError
 from .model import Checkpoint, CheckpointInfo, StoreStats
 from .objects import CheckpointId
 from .ops import Step, run
 from .repack import RepackReport
 from .retention import PruneReport
+from .search import SearchResult
+from .search import search as search_step
 from .verify_report import Progress, VerifyReport
 
 __all__ = ["Checkpoint", "CheckpointInfo", "CheckpointStore", "StoreStats", "log"]
@@ -77,8 +82,11 @@ class CheckpointStore:
              types: Iterable[type] = (), allow_unsafe: bool = False,
              keep_last: int | None = None, cache_dir: str | Any | None = None,
              cache_bytes: int = CACHE_BYTES, retries: int | None = None,
-             timeout: float | None = None) -> CheckpointStore:
-        """Open (creating if needed) the store at ``url``. ``types`` lists the dataclasses,
+             timeout: float | None = None, create: bool = True,
+             compression: str | None = None, compression_level: int | None = None
+             ) -> CheckpointStore:
+        """Open (creating if needed) the store at ``url``; with ``create=False`` a URL that
+        holds no store raises NotFoundError and nothing is created. ``types`` lists the dataclasses,
         pydantic models and enums that states may hold; nothing else is ever constructed.
         ``keep_last=N`` prunes each thread as it is saved to, keeping its last N checkpoints
         (and labelled/tagged ones); off by default, so no history is dropped unasked.
@@ -88,13 +96,33 @@ class CheckpointStore:
         Object storage: ``retries`` bounds this library's attempts at a failing request (6 by
         default; throttling and 5xx wait with exponential backoff, up to 2 s apart; an
         endpoint that never answered is not retried: a wrong URL fails in seconds), and
-        ``timeout`` sets the connect and read timeouts, in seconds."""
+        ``timeout`` sets the connect and read timeouts, in seconds.
+        ``compression="zstd"`` (``compression_level`` 1-19, 3 by default) compresses packs with
+        zstd; objects keep their names (the hash of their uncompressed bytes), so sharing holds.
+        A store keeps the settings it was created with (in its root object, ``cas-store``):
+        opened without ``compression=``, it writes by its own; opened with other settings, it
+        raises InvalidArgumentError."""
         check_open_args(retries, timeout)
+        settings = marker.Settings.of(compression, compression_level)
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         backend = open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe,
-                               retries=retries, timeout=timeout)
+                               retries=retries, timeout=timeout, create=create)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        store._core.objects.wanted = settings
+        store._run(marker.opening(url, store._core.objects, create))
+        return store
+
+    @classmethod
+    def init(cls, url: str | Any, **options: Any) -> CheckpointStore:
+        """Create a store at ``url`` (its root object, ``cas-store``, holding its settings, so
+        that an empty store is still a store) and open it; an existing store is opened as it is
+        (InvalidArgumentError if its settings differ from those given). Takes :meth:`open`'s
+        options."""
+        store = cls.open(url, **options)
+        objects = store._core.objects
+        objects.settings = store._run(marker.settle(store.url, objects.wanted, write=True))
+        objects.compressor = objects.settings.compressor()
         return store
 
     @classmethod
@@ -129,13 +157,18 @@ class CheckpointStore:
 
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-             expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+             expected_head: CheckpointId | None = UNSET, status: str | None = None,
+             kind: str | None = None, reason: str | None = None) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id``; its parent is the current head.
 
         With ``expected_head`` (an id, or None for "the thread must not exist yet") the save
-        raises ConflictError instead of adding to a head that moved."""
+        raises ConflictError instead of adding to a head that moved. ``status`` (in_progress,
+        completed, failed, halted; ``reason`` says why for the last two) and ``kind``
+        (automatic, manual, pre_operation, recovery) are stored with the checkpoint and its
+        log entry: ``find``/``history`` filter on them without loading states."""
         return self._run(self._core.save(thread_id, state, label=label, tags=tags,
-                                         metadata=metadata, expected_head=expected_head))
+                                         metadata=metadata, expected_head=expected_head,
+                                         status=status, kind=kind, reason=reason))
 
     # --- reading ---
 
@@ -148,16 +181,39 @@ class CheckpointStore:
         logs: ``load(thread_id, checkpoint_id)`` is faster when you know the thread)."""
         return self._run(self._core.get(checkpoint_id))
 
+    def diff(self, a_id: CheckpointId, b_id: CheckpointId) -> StateDiff:
+        """What changed from checkpoint ``a_id`` to ``b_id`` (any two, of any threads):
+        ``d.changes``, a list of ``Change(path, op, old, new)`` with ``op`` one of "added",
+        "removed", "changed" and ``path`` like ``'["messages"][41]["content"]'``. Subtrees
+        both states share are skipped unread (``d.nodes_read`` says how many nodes it read)."""
+        return self._run(diff_step(self._core, a_id, b_id))
+
+    def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
+               all_history: bool = False, limit: int | None = None,
+               progress: Callable[[int, int], object] | None = None) -> SearchResult:
+        """The str values that contain ``query`` (case-insensitive; ``regex=True``: a Python
+        regular expression) in the head of every thread (or of ``thread_id``), or with
+        ``all_history`` in every checkpoint of them: ``r.matches``, each a ``Match(thread_id,
+        checkpoint_id, path, snippet)``. Nodes that threads share are read once."""
+        return self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
+                                     all_history=all_history, limit=limit, progress=progress))
+
     def history(self, thread_id: str, *, limit: int | None = None,
-                before: CheckpointId | None = None) -> list[CheckpointInfo]:
+                before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,
+                status: str | Iterable[str] | None = None) -> list[CheckpointInfo]:
         """Checkpoints of a thread, newest first (by when they were added), without states.
-        ``before`` starts just after that checkpoint."""
-        return self._run(self._core.history(thread_id, limit=limit, before=before))
+        ``before`` starts just after that checkpoint; ``kind``/``status`` (a value or a list)
+        keep only those checkpoints (``limit`` counts the ones kept)."""
+        return self._run(self._core.history(thread_id, limit=limit, before=before, kind=kind,
+                                            status=status))
 
     def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
-             metadata: Mapping[str, Any] | None = None) -> list[CheckpointInfo]:
-        """Checkpoints (newest first) with this label, this tag and these metadata values."""
-        return self._run(self._core.find(thread_id, label=label, tag=tag, metadata=metadata))
+             metadata: Mapping[str, Any] | None = None, status: str | Iterable[str] | None = None,
+             kind: str | Iterable[str] | None = None) -> list[CheckpointInfo]:
+        """Checkpoints (newest first) with this label, this tag, these metadata values, this
+        status and this kind (each a value or a list of them)."""
+        return self._run(self._core.find(thread_id, label=label, tag=tag, metadata=metadata,
+                                         status=status, kind=kind))
 
     def threads(self) -> list[str]:
         """Every thread in the store, sorted."""
@@ -238,13 +294,42 @@ class CheckpointStore:
         return self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
                                        force=force))
 
+    # --- moving threads between stores (bundle.py, copy.py) ---
+
+    def export_thread(self, thread_id: str, dest: bundle.Dest, *,
+                      progress: bundle.Progress | None = None) -> bundle.BundleReport:
+        """Write a thread (its whole history: checkpoints, labels, tags, metadata, the parent
+        DAG) and every object its checkpoints reach into one bundle file, like ``git bundle``.
+        ``dest``: a path (written beside itself, then renamed into place) or a binary file
+        object. ``progress(done, total)`` is called as objects go by."""
+        return self._run(bundle.export_step(self._core, thread_id, dest, progress))
+
+    def import_bundle(self, src: bundle.Dest, *, as_thread: str | None = None,
+                      progress: bundle.Progress | None = None) -> bundle.BundleReport:
+        """Read a bundle (a path or a readable binary file) into this store, as its thread or
+        as ``as_thread``. Every object is re-hashed and the history checked; only objects this
+        store does not hold are written, and the thread's ref last. A thread that already has
+        this history is left as it is; one whose history is a prefix of the bundle's is
+        fast-forwarded; any other raises ``ConflictError`` (import with ``as_thread=``)."""
+        return self._run(bundle.import_step(self._core, src, as_thread, progress))
+
     # --- sizes ---
+
+    def settings(self) -> dict[str, Any]:
+        """The store's settings, as its root object keeps them: ``{"compression": None or
+        "zstd", "compression_level": int or None}``."""
+        self._run(self._core.objects.settle())
+        got = self._core.objects.settings
+        assert got is not None
+        return {"compression": got.compression, "compression_level": got.level}
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
         return self._run(self._core.storage_bytes())
 
-    def stats(self) -> StoreStats:
+    def stats(self, *, by_thread: bool = False) -> StoreStats:
         """Logical bytes (every checkpoint's state, as if stored whole) against physical bytes
-        stored. Reads the refs and lists the objects; reads no state."""
-        return self._run(self._core.stats())
+        stored. Reads the refs and lists the objects; reads no state. ``by_thread=True`` also
+        fills ``by_thread`` (thread id -> ``ThreadStats``: checkpoints, messages, logical and
+        physical bytes, dedup ratio), and reads each thread's head state to count messages."""
+        return self._run(self._core.stats(by_thread))

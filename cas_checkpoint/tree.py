@@ -26,10 +26,20 @@ new key share every node but a few:
 * a long str/bytes is cut by FastCDC (the ``fastcdc`` package) at UTF-8 character starts.
 
 Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
-stand for child ``i`` and whose ``Span(shape, i, n)`` for children ``i .. i+n-1`` joined), or a
-concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``) of its children in order. The
-top node of a split value inside another value is never stored alone: the enclosing node lists
-its children and joins them with a ``Span`` (one object and one id fewer per save).
+stand for child ``i`` and whose ``Span(shape, i, n, lengths)`` for children ``i .. i+n-1``
+joined), or a concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``) of its children
+in order. The top node of a split value inside another value is never stored alone: the
+enclosing node lists its children and joins them with a ``Span`` (one object and one id fewer
+per save).
+
+Every concatenation says how long each child's part is, so that a reader can find an item (or
+a character) without reading the parts before it: a concatenation node's shape byte has
+``COUNTED`` added and one LEB128 varint per child follows it, and a ``Span`` carries the same
+lengths (codec ext 16). A length counts items of a list or tuple, (key, value) pairs of a dict,
+characters (code points) of a str and bytes of a bytes. They cost about one byte per child
+(a 32-byte id each already). Nodes written before lengths existed (one shape byte, ext 14
+``Span``) still load; readers count those by reading. Lengths are navigation only: ``join``
+checks each against the part it joins and refuses a node whose lengths disagree.
 """
 
 from __future__ import annotations
@@ -47,9 +57,11 @@ import msgpack
 from . import codec
 from .errors import SerializationError
 from .join import load
+from .links import varint
 from .objects import ObjectId, encode_node, object_id
 from .shapes import (
     BYTES,
+    COUNTED,
     DICT,
     EXPANSION,
     LIST,
@@ -80,6 +92,9 @@ TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rollin
 TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
 MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remembered (memory)
+# Concatenations carry their children's lengths. Tests set this to False to write the layout
+# of stores made before lengths existed (which every reader must still accept).
+WRITE_LENGTHS = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +105,7 @@ class _Inline:
     oid: ObjectId  # the id the node would have: boundaries are decided by it
     shape: int
     children: tuple[ObjectId, ...]
+    lengths: tuple[int, ...]  # of each child's part (items, pairs, characters or bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +199,7 @@ class Memo:
     SEQS = 64
     INDEX = 1 << 16
     seqs: OrderedDict[bytes, _SeqMemo] = field(default_factory=OrderedDict)
-    index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes]] = field(
+    index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes, int]] = field(
         default_factory=OrderedDict)
     hits: int = 0  # list items reused without being hashed again
 
@@ -217,22 +233,43 @@ class _Builder:
         self.memo = memo
         self.objects: dict[ObjectId, bytes] = {}
         self.nest = 0  # split values inside split values, on the way down
+        self.counted = WRITE_LENGTHS
+        self.lengths: dict[ObjectId, int] = {}  # of each part built: items, pairs, characters
 
     def node(self, shape: int, body: bytes | memoryview,
              children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
-        key = (shape, tuple(children)) if not body and self.memo is not None else None
-        if key is not None and self.memo is not None:
-            got = self.memo.index.get(key)
-            if got is not None:
-                self.objects[got[0]] = got[1]
-                return got[0]
         data = encode_node(b"".join((bytes([shape]), body)), tuple(children))
         oid = object_id(data)
         self.objects[oid] = data
-        if key is not None and self.memo is not None:
-            self.memo.index[key] = (oid, data)
-            if len(self.memo.index) > self.memo.INDEX:
-                self.memo.index.popitem(last=False)
+        return oid
+
+    def concat_payload(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]
+                       ) -> tuple[bytes, int]:
+        """A concatenation's payload (its shape byte and, counted, its children's lengths) and
+        its own length."""
+        lengths = [self.lengths[c] for c in children]
+        if not self.counted:
+            return bytes([shape]), sum(lengths)
+        return bytes([shape | COUNTED]) + b"".join(map(varint, lengths)), sum(lengths)
+
+    def concat(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]) -> ObjectId:
+        """A concatenation node of ``children`` (remembered by the memo, if any)."""
+        key = (shape | COUNTED * self.counted, tuple(children))
+        memo = self.memo
+        got = memo.index.get(key) if memo is not None else None
+        if got is not None:
+            self.objects[got[0]] = got[1]
+            self.lengths[got[0]] = got[2]
+            return got[0]
+        payload, total = self.concat_payload(shape, children)
+        data = encode_node(payload, tuple(children))
+        oid = object_id(data)
+        self.objects[oid] = data
+        self.lengths[oid] = total
+        if memo is not None:
+            memo.index[key] = (oid, data, total)
+            if len(memo.index) > memo.INDEX:
+                memo.index.popitem(last=False)
         return oid
 
     def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
@@ -352,6 +389,10 @@ class _Builder:
             groups.append((upto, leaf, closed))
         for leaf, leaf_data in leaves.items():
             self.objects[leaf] = leaf_data
+        before = 0
+        for upto, leaf, _ in groups:  # (a leaf's length is known from where its group ends)
+            self.lengths[leaf] = upto - before
+            before = upto
         memo.remember_seq(key, _SeqMemo(body, ends, groups, leaves,
                                         [ends[g[0] - 1] for g in groups], target))
         return self._index([g[1] for g in groups] + tail, shape)
@@ -379,10 +420,13 @@ class _Builder:
     def text(self, value: str | bytes) -> _Inline:
         is_str = isinstance(value, str)
         raw = memoryview(value.encode("utf-8") if isinstance(value, str) else value)
+        chars = not is_str or value.isascii()  # a piece's length is its byte count
         start, leaves = 0, []
         for cut in text_cuts(raw, is_str):
             piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
-            leaves.append(self.node(VALUE, b"".join((_text_header(len(piece), is_str), piece))))
+            leaf = self.node(VALUE, b"".join((_text_header(len(piece), is_str), piece)))
+            self.lengths[leaf] = len(piece) if chars else len(str(piece, "utf-8"))
+            leaves.append(leaf)
             start = cut
         return self._index(leaves, STR if is_str else BYTES)
 
@@ -394,13 +438,16 @@ class _Builder:
             if child is None:
                 parts.append(raw)
             elif isinstance(child, _Inline):
-                span = codec.Span(child.shape, len(children), len(child.children))
+                span = codec.Span(child.shape, len(children), len(child.children),
+                                  child.lengths if self.counted else None)
                 parts.append(codec.encode_link(span))
                 children.extend(child.children)
             else:
                 parts.append(codec.encode_link(codec.Ref(len(children))))
                 children.append(child)
-        return self.node(VALUE, b"".join(parts), children)
+        leaf = self.node(VALUE, b"".join(parts), children)
+        self.lengths[leaf] = len(items)
+        return leaf
 
     @staticmethod
     def _cuts(item: _Item, target: int) -> bool:
@@ -454,18 +501,20 @@ class _Builder:
             if not groups:
                 level = []
                 break
-            level = [self.node(inner, b"", g) for g in groups]
+            level = [self.concat(inner, g) for g in groups]
             depth += 1
         spine = list(level)
         for at in range(len(loose) - 1, 0, -1):
             if at > 1 and len(loose[at]) > 1:
-                spine.append(self.node(inner, b"", loose[at]))
+                spine.append(self.concat(inner, loose[at]))
             else:
                 spine.extend(loose[at])
         if len(spine) > 1 and loose and loose[0]:
-            spine = [self.node(inner, b"", spine)]
+            spine = [self.concat(inner, spine)]
         children = tuple(spine + (loose[0] if loose else []))
-        return _Inline(object_id(encode_node(bytes([shape]), children)), shape, children)
+        payload, _ = self.concat_payload(shape, children)
+        return _Inline(object_id(encode_node(payload, children)), shape, children,
+                       tuple(self.lengths[c] for c in children))
 
 
 # (dict key or b"", value, subtree): the bytes are views into the state's encoding
@@ -495,7 +544,7 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
             f"{MAX_STATE_BYTES} a checkpoint may hold; keep large blobs outside the state")
     builder = _Builder(types, memo)
     top = builder.subtree(value, data)
-    root = top if isinstance(top, str) else builder.node(top.shape, b"", top.children)
+    root = top if isinstance(top, str) else builder.concat(top.shape, top.children)
     distinct = sum(len(d) for d in builder.objects.values())
     if len(data) > EXPANSION // 2 * distinct + (1 << 19):  # load allows twice as much
         raise SerializationError(

@@ -39,9 +39,10 @@ from .errors import (
     NotFoundError,
     StorageError,
 )
-from .objects import Head, LogEntry, Record, Segment, decode_node, object_id, pack_prefix
+from .objects import Head, LogEntry, Record, Segment, decode_node, object_id
 from .objstore import PREFIX, Pack, key_pack_id, pack_key, parse_pack
 from .ops import GetMany, List, ListMany, ReadRef, ReadRefs, Step
+from .packfile import pack_prefix
 from .refs import HEADS, RefStore, is_hashed_key, thread_from_key, thread_key
 from .shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH
 from .verify_report import Problem, Progress, VerifyReport
@@ -566,7 +567,8 @@ def _same(a: LogEntry, b: LogEntry) -> bool:
 
 
 def _diff(a: LogEntry, b: LogEntry) -> str:
-    names = ("parents", "step", "created_at", "size", "label", "tags", "metadata")
+    names = ("parents", "step", "created_at", "size", "label", "tags", "metadata", "status",
+             "kind", "reason")
     return ", ".join(n for n in names if getattr(a, n) != getattr(b, n)) or "its fields"
 
 

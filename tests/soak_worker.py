@@ -92,8 +92,9 @@ def trace_merges() -> set[str]:
     merged: set[str] = set()
     real = packing.stage
 
-    def stage(head: Any, new: Any, read: Any, inline_max: int = packing.INLINE_MAX) -> Any:
-        staged, written = real(head, new, read, inline_max)
+    def stage(head: Any, new: Any, read: Any, inline_max: int = packing.INLINE_MAX,
+              compressor: Any = None) -> Any:
+        staged, written = real(head, new, read, inline_max, compressor)
         ids = {p.id for p in staged.packs if p.level > 0 and p.id in written}
         if ids:
             merged.update(ids)

@@ -20,7 +20,8 @@ import msgpack
 from hypothesis import HealthCheck, given, settings, strategies as st
 from cas_checkpoint import CasError, codec, join, tree
 from cas_checkpoint.objects import (Head, LogEntry, PackRef, Peak, Record, Segment, decode_node,
-                                    decode_pack, encode_node, encode_pack, object_id)
+                                    encode_node, object_id)
+from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.objstore import parse_pack
 
 N = int(sys.argv[1])

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore, FormatError, packing
-from cas_checkpoint.objects import Head, ObjectId, PackRef, decode_pack, encode_pack, object_id
+from cas_checkpoint.objects import Head, ObjectId, PackRef, object_id
+from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.refs import thread_key
 
 

@@ -32,9 +32,9 @@ from cas_checkpoint.objects import (
     Record,
     object_id,
     object_kind,
-    read_pack_index,
 )
 from cas_checkpoint.objstore import key_pack_id, pack_key
+from cas_checkpoint.packfile import read_pack_index
 from cas_checkpoint.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
 
 
@@ -401,7 +401,8 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     import threading
 
     from cas_checkpoint import objstore
-    from cas_checkpoint.objects import encode_pack, object_id
+    from cas_checkpoint.objects import object_id
+    from cas_checkpoint.packfile import encode_pack
 
     objs = {object_id(b"x" * i): b"x" * i for i in range(1, 40)}
     data = encode_pack(objs)  # type: ignore[arg-type]

@@ -14,7 +14,8 @@ def test_exports() -> None:
         "CasError", "Checkpoint", "CheckpointId", "CheckpointInfo", "CheckpointStore",
         "ConflictError", "FormatError", "IntegrityError", "InvalidArgumentError",
         "NotFoundError", "ObjectId", "SerializationError", "StorageError", "TypeRegistry",
-        "UnsafeStorageError",
+        "UnsafeStorageError", "Change", "StateDiff", "Match", "SearchResult",
+        "BundleReport", "CopyReport", "copy_threads",
     } <= set(cas_checkpoint.__all__)
     for name in cas_checkpoint.__all__:
         assert hasattr(cas_checkpoint, name), name
@@ -24,11 +25,59 @@ def test_store_methods() -> None:
     public = {n for n, _ in inspect.getmembers(CheckpointStore) if not n.startswith("_")}
     assert {"open", "save", "load", "get", "history", "find", "threads", "count", "head",
             "fork", "rewind", "delete", "delete_thread", "stats", "storage_bytes",
-            "url"} <= public
+            "url", "diff", "search", "init", "settings"} <= public
+    from cas_checkpoint.aio import AsyncCheckpointStore
+
+    for cls in (CheckpointStore, AsyncCheckpointStore):
+        params = inspect.signature(cls.open).parameters
+        assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY
+                   for p in ("create", "compression", "compression_level")), cls
+    assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
+    params = inspect.signature(CheckpointStore.search).parameters
+    assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
+                            "progress"]
+    assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[2:])
     params = inspect.signature(CheckpointStore.save).parameters
     assert list(params)[:3] == ["self", "thread_id", "state"]
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY
-               for p in ("label", "tags", "metadata", "expected_head"))
+               for p in ("label", "tags", "metadata", "expected_head", "status", "kind",
+                         "reason"))
+    for method, names in (("find", ("status", "kind")), ("history", ("status", "kind")),
+                          ("stats", ("by_thread",))):
+        params = inspect.signature(getattr(CheckpointStore, method)).parameters
+        assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in names), method
+
+
+def test_agent_layer() -> None:
+    from cas_checkpoint import agents
+
+    assert "ThreadStats" in cas_checkpoint.__all__
+    assert {"Recorder", "AsyncRecorder", "Every", "AfterToolCall", "AfterLlmResponse",
+            "Interval", "Never", "Policy", "dispatch", "adispatch", "openai_tools",
+            "anthropic_tools"} <= set(agents.__all__)
+    for name in agents.__all__:
+        assert hasattr(agents, name), name
+
+
+def test_moving_threads() -> None:
+    """export/import/copy (bundle.py, copy.py): the signatures the CLI is built on."""
+    from cas_checkpoint.aio import AsyncCheckpointStore
+
+    for cls in (CheckpointStore, AsyncCheckpointStore):
+        export = inspect.signature(cls.export_thread).parameters
+        assert list(export)[:3] == ["self", "thread_id", "dest"]
+        assert export["progress"].kind is inspect.Parameter.KEYWORD_ONLY
+        imp = inspect.signature(cls.import_bundle).parameters
+        assert list(imp)[:2] == ["self", "src"]
+        assert all(imp[p].kind is inspect.Parameter.KEYWORD_ONLY
+                   for p in ("as_thread", "progress"))
+    copy = inspect.signature(cas_checkpoint.copy_threads).parameters
+    assert list(copy)[:3] == ["src", "dst", "threads"] and copy["threads"].default is None
+    assert copy["progress"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert list(cas_checkpoint.BundleReport.__dataclass_fields__)[:5] == [
+        "thread_id", "checkpoints", "objects", "objects_written", "bytes"]
+    assert list(cas_checkpoint.CopyReport.__dataclass_fields__)[:5] == [
+        "threads", "checkpoints", "objects", "objects_written", "bytes_written"]
 
 
 def test_one_error_tree() -> None:

@@ -26,11 +26,11 @@ from cas_checkpoint.objects import (
     Peak,
     Record,
     Segment,
-    decode_pack,
     encode_node,
     object_id,
 )
 from cas_checkpoint.objstore import pack_key
+from cas_checkpoint.packfile import decode_pack
 from cas_checkpoint.packing import make_pack
 from cas_checkpoint.refs import thread_key
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cas_checkpoint import CheckpointStore, tree
 from cas_checkpoint.objects import decode_node
+from cas_checkpoint.shapes import COUNTED
 
 
 def fetcher(objects: dict[str, bytes]) -> Any:
@@ -225,7 +226,8 @@ def test_leaf_children_are_decodable_nodes() -> None:
     built = tree.build({"messages": [message(i) for i in range(500)]})
     for oid, data in built.objects.items():
         children, payload = decode_node(data)
-        assert payload[0] in (tree.VALUE, tree.LIST, tree.TUPLE, tree.DICT, tree.STR, tree.BYTES)
+        assert payload[0] == tree.VALUE or payload[0] - COUNTED in (
+            tree.LIST, tree.TUPLE, tree.DICT, tree.STR, tree.BYTES)
         assert all(c in built.objects for c in children), oid
 
 
@@ -363,3 +365,101 @@ def test_a_hostile_dag_cannot_expand_into_gigabytes() -> None:
 
     with pytest.raises(SerializationError, match="repeats the same values"):
         tree.build(["y" * 70_000] * 600)
+
+
+# --- lengths of concatenations' children -------------------------------------------------------
+
+# the same state, built by the code before lengths existed: its root id, node count and bytes
+# (frozen copies of that encoder's output: ``tree.WRITE_LENGTHS = False`` must reproduce it)
+OLD_LAYOUT = {50: ("6e575dbf20e2404fdd9ec1e988bcc5d323780874e7935404d5ce0803870e296c", 145,
+                   193432),
+              5000: ("594d054436b503ae713e797f14ea611785cec698ce7eb62a7048c2d7d6e9f628", 285,
+                     1078335)}
+
+
+def layout_state(n: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user" if i % 2 else "ai",
+                          "content": f"msg {i} " + "x" * (i % 300)} for i in range(n)],
+            "t": tuple(f"item {i} " + "y" * 50 for i in range(300)),
+            "keys": {f"k{i}": "v" * (i % 40) for i in range(200)},
+            "text": "".join(chr(97 + (i * 7919) % 26) + ("é" if i % 97 == 0 else "")
+                            for i in range(90_000)),
+            "blob": bytes((i * 31) % 256 for i in range(70_000)),
+            "step": 3}
+
+
+def _shapes(built: tree.Built) -> set[int]:
+    return {decode_node(d)[1][0] for d in built.objects.values()}
+
+
+def test_old_layout_is_reproduced_and_both_layouts_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    for n, (root, count, size) in OLD_LAYOUT.items():
+        state = layout_state(n)
+        with monkeypatch.context() as m:
+            m.setattr(tree, "WRITE_LENGTHS", False)
+            old = tree.build(state)
+        assert (old.root, len(old.objects), sum(map(len, old.objects.values()))) == (
+            root, count, size)
+        assert not any(s & COUNTED for s in _shapes(old))
+        new = tree.build(state)
+        assert {s & COUNTED for s in _shapes(new)} == {0, COUNTED} and new.root != root
+        new_size = sum(map(len, new.objects.values()))
+        assert size < new_size < size * 1.01  # lengths cost well under 1% of the bytes
+        for built in (old, new):
+            assert tree.load(built.root, fetcher(built.objects)) == state
+        # the same state always gives the same nodes
+        assert tree.build(state, memo=tree.Memo()).root == new.root
+
+
+def _varints(*values: int) -> bytes:
+    from cas_checkpoint.links import varint
+    return b"".join(map(varint, values))
+
+
+def test_lying_lengths_are_refused() -> None:
+    from cas_checkpoint import FormatError, codec
+    b = tree._Builder(None)
+    two = b.node(tree.VALUE, codec.encode([1, 2]))
+    three = b.node(tree.VALUE, codec.encode([3, 4, 5]))
+    ab = b.node(tree.VALUE, codec.encode("ab"))
+    cde = b.node(tree.VALUE, codec.encode("cdé"))
+    L, S = tree.LIST | COUNTED, tree.STR | COUNTED
+    good = b.node(L, _varints(2, 3), [two, three])
+    inner = b.node(L, _varints(2, 2), [two, two])
+    good_text = b.node(S, _varints(2, 3), [ab, cde])
+    nested = b.node(L, _varints(4, 3), [inner, three])
+    assert tree.load(good, fetcher(b.objects)) == [1, 2, 3, 4, 5]
+    assert tree.load(good_text, fetcher(b.objects)) == "abcdé"
+    assert tree.load(nested, fetcher(b.objects)) == [1, 2, 1, 2, 3, 4, 5]
+    span = codec.Span(tree.LIST, 0, 2, (2, 3))
+    assert tree.load(b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(span), [two, three]),
+                     fetcher(b.objects)) == {"m": [1, 2, 3, 4, 5]}
+    bad = {
+        "list says 3 + 2": b.node(L, _varints(3, 2), [two, three]),
+        "list says 2 + 2": b.node(L, _varints(2, 2), [two, three]),
+        "one length for two children": b.node(L, _varints(5), [two, three]),
+        "three lengths for two children": b.node(L, _varints(2, 3, 0), [two, three]),
+        "a length not minimal": b.node(L, b"\x82\x00\x03", [two, three]),
+        "a cut-off length": b.node(L, b"\x02\x83", [two, three]),
+        "an old node with bytes after its shape": b.node(tree.LIST, b"\x02\x03", [two, three]),
+        "an inner node lies": b.node(L, _varints(4, 3), [b.node(L, _varints(1, 3), [two, two]),
+                                                        three]),
+        "an outer node lies": b.node(L, _varints(5, 3), [inner, three]),
+        "characters": b.node(S, _varints(2, 4), [ab, cde]),
+        "counted value shape": b.node(tree.VALUE | COUNTED, b"", []),
+        "a span lies": b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(
+            codec.Span(tree.LIST, 0, 2, (3, 2))), [two, three]),
+        "a span of a str lies": b.node(tree.VALUE, b"\x81\xa1m" + codec.encode_link(
+            codec.Span(tree.STR, 0, 2, (2, 2))), [ab, cde]),
+    }
+    for what, oid in bad.items():
+        with pytest.raises(FormatError):
+            tree.load(oid, fetcher(b.objects))
+            pytest.fail(what)
+    with pytest.raises(FormatError, match="Span"):  # lengths missing or extra in a span
+        codec.decode(b"\xc7\x04\x10\x01\x00\x02\x02", span=lambda *f: f)
+    with pytest.raises(FormatError, match="Span"):
+        codec.decode(b"\xc7\x06\x10\x01\x00\x02\x02\x03\x04", span=lambda *f: f)
+    assert codec.decode(b"\xc7\x05\x10\x01\x00\x02\x02\x03", span=lambda *f: f) == (
+        1, 0, 2, (2, 3))
+    assert codec.encode_link(codec.Span(1, 0, 2, (2, 3))) == b"\xc7\x05\x10\x01\x00\x02\x02\x03"

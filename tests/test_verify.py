@@ -24,12 +24,11 @@ from cas_checkpoint.objects import (
     Peak,
     Record,
     decode_node,
-    decode_pack,
     encode_node,
-    encode_pack,
     object_id,
 )
 from cas_checkpoint.objstore import key_pack_id, pack_key
+from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.packing import make_pack
 from cas_checkpoint.refs import HEADS, thread_key
 from cas_checkpoint.shapes import MAX_DEPTH

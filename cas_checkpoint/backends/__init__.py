@@ -4,15 +4,19 @@ needs (a local path imports no fsspec; s3fs is imported for ``s3://`` alone)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, NotFoundError
 from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
 from .local import LocalBackend
 from .memory import MemoryBackend
 
 __all__ = ["MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectInfo",
            "RefMismatch", "backend_for", "open_backend", "open_backend_async"]
+
+
+SUPPORTED = ("memory", "s3", "s3a")  # protocols besides local paths
 
 
 def _target(url: str, storage_options: dict[str, Any] | None,
@@ -28,6 +32,11 @@ def _target(url: str, storage_options: dict[str, Any] | None,
     protocol, path = split_protocol(url)
     if protocol in (None, "file", "local"):
         return None, path, {}
+    if protocol not in SUPPORTED:
+        raise InvalidArgumentError(
+            f"cannot open {url!r}: {protocol}:// is not supported; cas_checkpoint needs atomic "
+            "compare-and-swap for refs, which it implements for a local path, memory://name "
+            "and s3://bucket/prefix (S3-compatible storage too: set the endpoint URL)")
     options = dict(storage_options or {})
     if timeout is not None and protocol in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
@@ -42,27 +51,31 @@ def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
 
     try:
         return fsspec.filesystem(protocol, **options)
-    except (ImportError, ValueError) as exc:
+    except ImportError as exc:
         raise InvalidArgumentError(
-            f"cannot open {url!r}: {exc}. For s3:// install the extra: pip install "
-            "'cas_checkpoint[s3]'"
+            f"cannot open {url!r}: {exc}; install the extra: pip install 'cas_checkpoint[s3]'"
+        ) from exc
+    except Exception as exc:  # a bad storage option: any error the filesystem's __init__ raises
+        raise InvalidArgumentError(
+            f"cannot open {url!r}: {type(exc).__name__}: {exc}; check its storage options"
         ) from exc
 
 
 def open_backend(url: str, storage_options: dict[str, Any] | None = None,
                  *, allow_unsafe: bool = False, retries: int | None = None,
-                 timeout: float | None = None) -> Backend:
-    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
+                 timeout: float | None = None, create: bool = True) -> Backend:
+    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``.
+    ``create=False``: a local directory that does not exist raises NotFoundError."""
     protocol, path, options = _target(url, storage_options, timeout)
     if protocol is None:
-        return LocalBackend(path)
+        return _local(url, path, create)
     fs = _filesystem(url, protocol, options)
     return backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
 
 
 async def open_backend_async(url: str, storage_options: dict[str, Any] | None = None,
                              *, allow_unsafe: bool = False, retries: int | None = None,
-                             timeout: float | None = None) -> Backend:
+                             timeout: float | None = None, create: bool = True) -> Backend:
     """``open_backend`` for asyncio code. For ``s3://`` the backend gets an s3fs filesystem of
     its own, ``asynchronous=True``, whose client is made here on the running event loop: its
     requests are awaited on that loop (no thread, no fsspec I/O loop). Use it from that loop
@@ -71,7 +84,7 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
     same backends as ``open_backend``."""
     protocol, path, options = _target(url, storage_options, timeout)
     if protocol is None:
-        return LocalBackend(path)
+        return _local(url, path, create)
     if protocol not in ("s3", "s3a"):
         return backend_for(_filesystem(url, protocol, options), path,
                            allow_unsafe=allow_unsafe, retries=retries)
@@ -90,6 +103,14 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
     if isinstance(backend, S3Backend):
         backend.owns_session = True  # aclose() closes the client made here
     return backend
+
+
+def _local(url: str, path: str, create: bool) -> LocalBackend:
+    if not create and not os.path.isdir(path):
+        raise NotFoundError(f"no store at {url!r}: "
+                            + ("not a directory" if os.path.exists(path) else "no such directory")
+                            + "; check the path, or create one with `cas-checkpoint init`")
+    return LocalBackend(path)
 
 
 def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,

@@ -185,6 +185,7 @@ class CasSaver(BaseCheckpointSaver[str]):
             reg.register(cls)
         self.store = store
         self._core = Core(store.backend, reg, None)
+        self._core.objects.wanted = store._core.objects.wanted  # the store's compression
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
 

@@ -1,0 +1,268 @@
+"""Commands that only read: threads, log, show, diff, stats, search, verify. None of them
+creates anything: a URL that holds no store is an error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import CasError, CheckpointInfo, CheckpointStore
+from .._fmt import human_bytes
+from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store, resolve
+from .progress import bar
+from .render import follow, graph, info_line, parse_path, render
+
+
+def _console() -> Console:
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200,
+                   highlight=False)
+
+
+def _stats_by_thread(store: CheckpointStore) -> dict[str, Any]:
+    return dict(store.stats(by_thread=True).by_thread)
+
+
+def cmd_threads(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    rows: list[dict[str, Any]] = []
+    damaged = 0
+    per_thread = _stats_by_thread(store) if args.bytes else {}
+    for thread in store.threads():  # one damaged ref does not hide the others
+        try:
+            hist = store.history(thread, limit=1)
+            count = store.count(thread)
+        except CasError as exc:
+            damaged += 1
+            print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
+            continue
+        head = hist[0] if hist else None
+        row: dict[str, Any] = {"thread": thread, "checkpoints": count,
+                               "head": head.id if head else None,
+                               "head_step": head.step if head else None,
+                               "last_saved": head.created_at.isoformat() if head else None,
+                               "head_bytes": head.size if head else 0}
+        t = per_thread.get(thread)
+        if t is not None:
+            row["stored_bytes"] = getattr(t, "physical_bytes", None)
+            row["messages"] = getattr(t, "messages", None)
+        rows.append(row)
+    if args.json:
+        emit_json({"threads": rows, "damaged": damaged})
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col, justify in (("thread", "left"), ("checkpoints", "right"), ("head", "left"),
+                             ("step", "right"), ("last saved (UTC)", "left"),
+                             ("head state", "right")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        if args.bytes:
+            table.add_column("stored", justify="right")
+        for r in rows:
+            cells = [r["thread"], str(r["checkpoints"]), (r["head"] or "")[:12],
+                     str(r["head_step"]), (r["last_saved"] or "")[:19].replace("T", " "),
+                     human_bytes(r["head_bytes"])]
+            if args.bytes:
+                cells.append(human_bytes(r["stored_bytes"]) if r.get("stored_bytes") is not None
+                             else "")
+            table.add_row(*cells)
+        if rows:
+            _console().print(table)
+        else:
+            print("(no threads)")
+    return PROBLEMS if damaged else OK
+
+
+def _matches(info: CheckpointInfo, args: argparse.Namespace) -> bool:
+    if args.label is not None and info.label != args.label:
+        return False
+    if args.tag is not None and args.tag not in info.tags:
+        return False
+    for name in ("status", "kind"):
+        want = getattr(args, name)
+        if want is not None and getattr(info, name, None) != want:
+            return False
+    return True
+
+
+def _forks(store: CheckpointStore, thread: str, hist: list[CheckpointInfo]) -> dict[str, list[str]]:
+    """Checkpoint id -> the other threads whose history meets this thread's there last."""
+    mine = {i.id for i in hist}
+    out: dict[str, list[str]] = {}
+    for other in store.threads():
+        if other == thread:
+            continue
+        try:
+            theirs = store.history(other)
+        except CasError:
+            continue
+        for info in theirs:  # newest first: the first shared checkpoint is where they part
+            if info.id in mine:
+                out.setdefault(info.id, []).append(other)
+                break
+    return out
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    hist = store.history(args.thread)
+    filtered = any(getattr(args, k) is not None for k in ("label", "tag", "status", "kind"))
+    if args.graph and filtered:
+        raise CliError("--graph draws the whole DAG: use it without --label/--tag/--status/--kind")
+    shown = [i for i in hist if _matches(i, args)]
+    if args.limit is not None:
+        shown = shown[:args.limit]
+    head = hist[0].id if hist else None
+    forks = _forks(store, args.thread, hist) if args.graph else {}
+    if args.json:
+        out = []
+        for info in shown:
+            d = info_dict(info)
+            d["head"] = info.id == head
+            if args.graph:
+                d["forks"] = forks.get(info.id, [])
+            out.append(d)
+        emit_json({"thread": args.thread, "checkpoints": len(hist), "log": out})
+        return OK
+    print(f"thread {args.thread!r}: {len(hist)} checkpoints"
+          + (f", {len(shown)} shown" if len(shown) != len(hist) else ""))
+    if not args.graph:
+        for info in shown:
+            print(("* " if info.id == head else "  ") + info_line(info))
+        return OK
+    ids = {i.id for i in shown}
+    for prefix, row in graph(hist if args.limit is None else shown):
+        if row is None:
+            print(prefix)
+        elif row.id in ids:
+            others = forks.get(row.id)
+            extra = ("<- also in " + ", ".join(repr(t) for t in others)) if others else ""
+            print(f"{prefix}  {info_line(row, head=row.id == head, extra=extra)}")
+    return OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    if args.checkpoint is not None:
+        info = resolve(store, args.checkpoint, thread=args.target)
+    elif args.target is not None:
+        info = resolve(store, args.target)
+    else:
+        threads = store.threads()
+        if len(threads) != 1:
+            raise CliError(f"the store has {len(threads)} threads: name one (or a checkpoint id)")
+        info = resolve(store, threads[0])
+    cp = store.load(info.thread_id, info.id)
+    state = cp.state
+    where = "state"
+    if args.path:
+        steps = parse_path(args.path)
+        state = follow(state, steps)
+        where = "state" + "".join(f"[{s!r}]" if isinstance(s, int) else f"[{s!r}]"
+                                  for s in steps).replace("'", '"')
+    if args.json:
+        emit_json({"checkpoint": info_dict(info), "path": where, "value": jsonable(state)})
+        return OK
+    if not args.state_only:
+        print(info_line(info))
+        print(f"thread {info.thread_id!r}  id {info.id}")
+        if info.parent_ids:
+            print("parents " + " ".join(p for p in info.parent_ids))
+        print(f"{where} =")
+    print(render(state, full=args.full))
+    return OK
+
+
+def _value(v: Any) -> str:
+    text = render(v)
+    return text if "\n" not in text else " ".join(line.strip() for line in text.splitlines())
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    a = resolve(store, args.a, thread=args.thread)
+    b = resolve(store, args.b, thread=args.thread)
+    d: Any = store.diff(a.id, b.id)
+    if args.json:
+        emit_json({"a": info_dict(a), "b": info_dict(b), "nodes_read": d.nodes_read,
+                   "changes": [{"path": c.path, "op": c.op, "old": jsonable(c.old),
+                                "new": jsonable(c.new)} for c in d.changes]})
+        return OK
+    print(f"--- {a.thread_id} {a.id[:12]} (step {a.step})")
+    print(f"+++ {b.thread_id} {b.id[:12]} (step {b.step})")
+    for c in d.changes:
+        path = "state" + c.path
+        if c.op == "added":
+            print(f"+ {path} = {_cut(_value(c.new))}")
+        elif c.op == "removed":
+            print(f"- {path} = {_cut(_value(c.old))}")
+        else:
+            print(f"~ {path}: {_cut(_value(c.old))} -> {_cut(_value(c.new))}")
+    print(f"{len(d.changes)} change{'s' if len(d.changes) != 1 else ''}; "
+          f"read {d.nodes_read} tree nodes")
+    return OK
+
+
+def _cut(text: str, n: int = 160) -> str:
+    return text if len(text) <= n else text[:n] + f" ... ({len(text) - n:,} more characters)"
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    stats: Any = store.stats(by_thread=True) if args.by_thread else store.stats()
+    fields = ("threads", "checkpoints", "logical_bytes", "physical_bytes", "objects",
+              "dedup_ratio")
+    total = {f: getattr(stats, f) for f in fields}
+    per = {t: jsonable(vars(s) if hasattr(s, "__dict__") else
+                       {k: getattr(s, k) for k in getattr(s, "__slots__", ())})
+           for t, s in (getattr(stats, "by_thread", None) or {}).items()}
+    if args.json:
+        emit_json({**total, **({"by_thread": per} if args.by_thread else {})})
+        return OK
+    print(f"{stats.threads} threads, {stats.checkpoints} checkpoints: states add up to "
+          f"{human_bytes(stats.logical_bytes)}, stored in {human_bytes(stats.physical_bytes)} "
+          f"({stats.objects} packs): {stats.dedup_ratio:.1f}x less than a copy per checkpoint")
+    if args.by_thread and per:
+        table = Table(box=None, pad_edge=False)
+        for col in ("thread", "checkpoints", "messages", "logical", "stored", "dedup"):
+            table.add_column(col, justify="left" if col == "thread" else "right")
+        for thread, s in per.items():
+            table.add_row(thread, str(s.get("checkpoints", "")),
+                          "" if s.get("messages") is None else str(s["messages"]),
+                          human_bytes(s.get("logical_bytes") or 0),
+                          human_bytes(s.get("physical_bytes") or 0),
+                          f"{s.get('dedup_ratio') or 0:.1f}x")
+        _console().print(table)
+    return OK
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    with bar(args, "search", "checkpoints") as progress:
+        r: Any = store.search(args.query, regex=args.regex,
+                              thread_id=args.thread, all_history=args.all_history,
+                              limit=args.limit, progress=progress)
+    if args.json:
+        emit_json({"query": args.query, "regex": args.regex, "matches": [
+            {"thread": m.thread_id, "checkpoint": m.checkpoint_id, "path": m.path,
+             "snippet": m.snippet} for m in r.matches],
+            "checkpoints_searched": r.checkpoints_searched, "nodes_read": r.nodes_read,
+            "bytes_read": r.bytes_read})
+        return OK
+    for m in r.matches:
+        print(f"{m.thread_id}  {m.checkpoint_id[:12]}  state{m.path}  {m.snippet}")
+    print(f"{len(r.matches)} match{'es' if len(r.matches) != 1 else ''} in "
+          f"{r.checkpoints_searched} checkpoints; read {r.nodes_read} tree nodes "
+          f"({human_bytes(r.bytes_read)})")
+    return OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    with bar(args, "verify") as progress:
+        report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
+                              thread_id=args.thread, progress=progress)
+    print(report.to_json() if args.json else report.to_text())
+    return OK if report.ok else PROBLEMS

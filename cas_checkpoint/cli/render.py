@@ -1,0 +1,222 @@
+"""Text the commands print: a checkpoint's line, a state as JSON-like text with large values
+elided, a path into a state (``messages[-1].content``), and the parent DAG drawn like
+``git log --graph``. Pure code."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .._fmt import human_bytes
+from ..model import CheckpointInfo
+from .common import CliError
+
+# --- one checkpoint per line ---
+
+
+def info_line(info: CheckpointInfo, *, head: bool = False, extra: str = "") -> str:
+    parts = [info.id[:12], f"step {info.step:>3}", info.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+             human_bytes(info.size).rjust(8)]
+    for name in ("status", "kind"):
+        value = getattr(info, name, None)
+        if value:
+            parts.append(f"{name}={value}")
+    reason = getattr(info, "reason", None)
+    if reason:
+        parts.append(f"reason={reason!r}")
+    if info.label:
+        parts.append(f"label={info.label}")
+    if info.tags:
+        parts.append("tags=" + ",".join(info.tags))
+    if info.metadata:
+        parts.append(" ".join(f"{k}={_short(v, 60)}" for k, v in info.metadata.items()))
+    if len(info.parent_ids) > 1:
+        parts.append("merge " + " ".join(p[:12] for p in info.parent_ids))
+    if head:
+        parts.append("(head)")
+    if extra:
+        parts.append(extra)
+    return "  ".join(parts)
+
+
+def _short(value: Any, n: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+# --- states ---
+
+MAX_TEXT, MAX_ITEMS, MAX_DEPTH = 400, 20, 24
+
+
+def render(value: Any, *, full: bool = False) -> str:
+    """A state as indented JSON-like text. Unless ``full``: strings past ``MAX_TEXT`` characters
+    and lists past ``MAX_ITEMS`` items are cut with a count of what was left out, and nesting
+    deeper than ``MAX_DEPTH`` is shown as a count."""
+    out: list[str] = []
+    _render(value, 0, out, full, "")
+    return "".join(out)
+
+
+def _scalar(value: Any, full: bool) -> str | None:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if not full and len(value) > MAX_TEXT:
+            return json.dumps(value[:MAX_TEXT], ensure_ascii=False) + \
+                f" ... ({len(value) - MAX_TEXT:,} more characters)"
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (bytes, bytearray)):
+        head = bytes(value[:32]).hex()
+        return f"<{len(value):,} bytes: {head}{'...' if len(value) > 32 else ''}>"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return None
+    return repr(value) if full else _short(repr(value), MAX_TEXT)
+
+
+def _render(value: Any, depth: int, out: list[str], full: bool, pad: str) -> None:
+    text = _scalar(value, full)
+    if text is not None:
+        out.append(text)
+        return
+    items: list[Any] = (list(value.items()) if isinstance(value, dict) else
+                        sorted(value, key=repr) if isinstance(value, (set, frozenset)) else
+                        list(value))
+    is_map = isinstance(value, dict)
+    opening, closing = ("{", "}") if is_map else ("(", ")") if isinstance(value, tuple) else \
+        ("[", "]")
+    if not items:
+        out.append(opening + closing)
+        return
+    if depth >= MAX_DEPTH:
+        out.append(f"{opening} ... {len(items):,} {'keys' if is_map else 'items'} {closing}")
+        return
+    shown: list[tuple[int, Any]] = list(enumerate(items))
+    cut = 0
+    if not full and not is_map and len(items) > MAX_ITEMS:
+        keep_head, keep_tail = MAX_ITEMS // 2, MAX_ITEMS // 4
+        cut = len(items) - keep_head - keep_tail
+        shown = shown[:keep_head] + [(-1, None)] + shown[len(items) - keep_tail:]
+    inner = pad + "  "
+    out.append(opening + "\n")
+    for n, (i, item) in enumerate(shown):
+        out.append(inner)
+        if i < 0:
+            out.append(f"... {cut:,} more items ...")
+        elif is_map:
+            key, val = item
+            out.append((json.dumps(key, ensure_ascii=False) if isinstance(key, str)
+                        else repr(key)) + ": ")
+            _render(val, depth + 1, out, full, inner)
+        else:
+            if not full and len(items) > MAX_ITEMS:
+                out.append(f"[{i}] ")
+            _render(item, depth + 1, out, full, inner)
+        out.append(",\n" if n < len(shown) - 1 else "\n")
+    out.append(pad + closing)
+
+
+# --- paths into a state ---
+
+_TOKEN = re.compile(r"""\.?([A-Za-z_][\w-]*)"""  # .name (or name, first)
+                    r"""|\[\s*(-?\d+)\s*\]"""  # [3], [-1]
+                    r"""|\[\s*("(?:[^"\\]|\\.)*"|'[^']*')\s*\]""")  # ["key"], ['key']
+
+
+def parse_path(text: str) -> list[str | int]:
+    """``messages[-1].content`` or ``["messages"][-1]["content"]`` -> ``["messages", -1,
+    "content"]``."""
+    steps: list[str | int] = []
+    pos = 0
+    text = text.strip()
+    if text.startswith("state"):
+        text = text[len("state"):]
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or (m.group(1) and pos and not text.startswith(".", pos)):
+            raise CliError(f"cannot read the path {text!r} at {text[pos:]!r}; write it like "
+                           "messages[-1].content or ['messages'][0]")
+        name, index, quoted = m.groups()
+        if name is not None:
+            steps.append(name)
+        elif index is not None:
+            steps.append(int(index))
+        else:
+            steps.append(json.loads(quoted) if quoted.startswith('"') else quoted[1:-1])
+        pos = m.end()
+    return steps
+
+
+def follow(state: Any, steps: Sequence[str | int]) -> Any:
+    value = state
+    done = ""
+    for step in steps:
+        try:
+            if isinstance(value, dict):
+                value = value[step]
+            elif isinstance(value, (list, tuple, str, bytes)) and isinstance(step, int):
+                value = value[step]
+            else:
+                raise CliError(f"state{done} is a {type(value).__name__}; it has no "
+                               f"{'index' if isinstance(step, int) else 'key'} {step!r}")
+        except (KeyError, IndexError):
+            raise CliError(f"state{done} has no {'item' if isinstance(step, int) else 'key'} "
+                           f"{step!r}") from None
+        done += f"[{step!r}]" if isinstance(step, int) else f"[{json.dumps(step)}]"
+    return value
+
+
+# --- the parent DAG ---
+
+
+def graph(infos: Sequence[CheckpointInfo]) -> Iterable[tuple[str, CheckpointInfo | None]]:
+    """(prefix, info) rows drawing the DAG of ``infos`` (newest first, children before
+    parents) in lanes like ``git log --graph``; rows with ``info`` None are connectors
+    (``|/`` where lanes join, ``|\\`` where a merge's other parent opens a lane)."""
+    known = {i.id for i in infos}
+    lanes: list[str | None] = []
+
+    def row(marks: dict[int, str], between: dict[int, str] | None = None) -> str:
+        cells = [" "] * (2 * len(lanes))
+        for i, lane in enumerate(lanes):
+            cells[2 * i] = marks.get(i, "|" if lane is not None else " ")
+        for i, ch in (between or {}).items():  # between lane i-1 and lane i
+            if i > 0:
+                cells[2 * i - 1] = ch
+        return "".join(cells).rstrip()
+
+    for info in infos:
+        cols = [i for i, lane in enumerate(lanes) if lane == info.id]
+        if cols[1:]:  # other lanes waited for this checkpoint too: they join its lane first
+            for i in cols[1:]:
+                lanes[i] = None
+            yield row({i: " " for i in cols[1:]}, {i: "/" for i in cols[1:]}), None
+        if cols:
+            col = cols[0]
+        elif None in lanes:
+            col = lanes.index(None)
+            lanes[col] = info.id
+        else:
+            col = len(lanes)
+            lanes.append(info.id)
+        yield row({col: "*"}), info
+        parents = [p for p in info.parent_ids if p in known]
+        lanes[col] = parents[0] if parents else None
+        opened = []
+        for parent in parents[1:]:
+            if parent in lanes:
+                continue
+            slot = lanes.index(None) if None in lanes else len(lanes)
+            if slot == len(lanes):
+                lanes.append(parent)
+            else:
+                lanes[slot] = parent
+            opened.append(slot)
+        if opened:
+            yield row({i: " " for i in opened}, {i: "\\" for i in opened}), None
+        while lanes and lanes[-1] is None:
+            lanes.pop()

@@ -1,0 +1,127 @@
+"""Commands that change a store: init, fork, rewind, delete, delete-thread, prune, gc. Each
+names what it changed; ``--dry-run`` (prune, gc) changes nothing and says what would go."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import CheckpointStore, NotFoundError, PruneReport
+from .._fmt import human_bytes
+from .common import OK, CliError, emit_json, info_dict, open_store, resolve, storage_options
+from .progress import bar
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    try:
+        open_store(args)
+        existed = True
+    except NotFoundError:
+        existed = False
+    store = CheckpointStore.init(args.store, storage_options=storage_options(args),
+                                 compression=args.compression, compression_level=args.level)
+    settings = store.settings()
+    how = (f"zstd level {settings['compression_level']}" if settings["compression"] else
+           "no compression")
+    if args.json:
+        emit_json({"store": store.url, "created": not existed, **settings})
+    else:
+        print(f"{'a store is already there' if existed else 'created a store'}: {store.url} "
+              f"({how})")
+    return OK
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    at = resolve(store, args.checkpoint, thread=args.thread)
+    info = store.fork(args.thread, at.id, args.new_thread)
+    if args.json:
+        emit_json({"thread": args.new_thread, "head": info_dict(info)})
+    else:
+        print(f"forked {args.thread!r} at {at.id[:12]} (step {at.step}) into "
+              f"{args.new_thread!r}; no state copied")
+    return OK
+
+
+def cmd_rewind(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    at = resolve(store, args.checkpoint, thread=args.thread)
+    before = store.count(args.thread)
+    info = store.rewind(args.thread, at.id)
+    dropped = before - store.count(args.thread)
+    if args.json:
+        emit_json({"thread": args.thread, "head": info_dict(info), "left_the_thread": dropped})
+    else:
+        print(f"{args.thread!r} now ends at {at.id[:12]} (step {at.step}); {dropped} "
+              "checkpoints left the thread (their objects stay until gc)")
+    return OK
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    at = resolve(store, args.checkpoint, thread=args.thread)
+    store.delete(args.thread, at.id)
+    if args.json:
+        emit_json({"thread": args.thread, "deleted": at.id})
+    else:
+        print(f"deleted {at.id[:12]} from {args.thread!r} (its objects stay until gc)")
+    return OK
+
+
+def cmd_delete_thread(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    n = store.count(args.thread)
+    store.delete_thread(args.thread)
+    if args.json:
+        emit_json({"thread": args.thread, "deleted": True, "checkpoints": n})
+    else:
+        print(f"deleted thread {args.thread!r} ({n} checkpoints; objects stay until gc)")
+    return OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.keep_last is None and args.older_than is None:
+        raise CliError("say what to keep: --keep-last N and/or --older-than DURATION "
+                       "(checkpoints older than that go)")
+    store = open_store(args)
+    threads = [args.thread] if args.thread else store.threads()
+    total = PruneReport(dry_run=args.dry_run)
+    with bar(args, "prune", "threads") as progress:
+        for n, thread in enumerate(threads, 1):
+            report = store.prune(thread, keep_last=args.keep_last, older_than=args.older_than,
+                                 keep_labeled=args.keep_labeled, keep_tags=args.keep_tag,
+                                 dry_run=args.dry_run)
+            total.threads.update(report.threads)
+            if progress:
+                progress(n, len(threads))
+    if args.json:
+        emit_json({"dry_run": args.dry_run, "kept": total.kept, "removed": total.removed,
+                   "reasons": total.reasons, "threads": {
+                       t: {"kept": list(p.kept), "removed": list(p.removed)}
+                       for t, p in sorted(total.threads.items())}})
+        return OK
+    if args.dry_run:
+        for t, p in sorted(total.threads.items()):
+            for cid in p.removed:
+                print(f"would remove {t}  {cid[:12]}")
+    print(total.to_text())
+    return OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    repacked = store.repack(dry_run=args.dry_run) if args.repack else None
+    with bar(args, "gc") as progress:
+        report = store.gc(grace=args.grace, dry_run=args.dry_run, progress=progress,
+                          force=args.force)
+    if args.json:
+        out = report.to_dict()
+        if repacked is not None:
+            out["repack_freed_bytes"] = repacked.freed_bytes
+        emit_json(out)
+        return OK
+    if repacked is not None:
+        print(repacked.to_text())
+    print(report.to_text())
+    verb = "would free" if args.dry_run else "freed"
+    print(f"{verb} {human_bytes(report.deleted_bytes)}")
+    return OK

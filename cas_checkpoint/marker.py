@@ -1,0 +1,123 @@
+"""The store's root object, ``cas-store``: it marks a root as a store (so that read-only openers
+never create anything) and holds the settings the store was created with (compression today).
+
+It is written once, create-if-absent, by ``init`` or by the first writer that opens the store
+with explicit settings; a store written before it existed (or only ever opened with defaults)
+has none and is treated as unset: the first explicit setting wins. Opening a store with settings
+other than its own is an InvalidArgumentError, never a silently mixed store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import FormatError, InvalidArgumentError, NotFoundError
+from .objects import VERSION
+from .ops import GetMany, List, PutMany, Step
+from .packfile import Zstd, compressor
+
+MARKER = "cas-store"
+MAX_CONFIG = 4096  # bytes; a bigger one is refused unread
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    compression: str | None = None  # None or "zstd"
+    level: int | None = None
+
+    @staticmethod
+    def of(compression: Any, level: Any) -> Settings | None:
+        """The settings a caller asked for (None: whatever the store has), checked."""
+        if compression is None and level is None:
+            return None
+        name = None if compression in (None, "none") else compression
+        try:
+            made = compressor(name, level)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{exc}; e.g. compression='zstd', compression_level=3"
+                                       ) from None
+        return Settings(name, made.level if made else None)
+
+    def compressor(self) -> Zstd | None:
+        return compressor(self.compression, self.level)
+
+    def encode(self) -> bytes:
+        out: bytes = msgpack.packb({"cas_checkpoint": VERSION, "compression": self.compression,
+                                    "level": self.level})
+        return out
+
+    @staticmethod
+    def decode(data: bytes) -> Settings:
+        bad = FormatError(f"the store's {MARKER} object is damaged or from a newer "
+                          "cas_checkpoint (upgrade, or run `cas-checkpoint verify`)")
+        if len(data) > MAX_CONFIG:
+            raise bad
+        try:
+            body = msgpack.unpackb(data, strict_map_key=True, max_str_len=256,
+                                   max_array_len=64, max_map_len=64)
+        except Exception:  # noqa: BLE001 - any undecodable bytes
+            raise bad from None
+        if not isinstance(body, dict) or not isinstance(body.get("cas_checkpoint"), int):
+            raise bad
+        if not set(body) <= {"cas_checkpoint", "compression", "level"}:
+            raise bad  # a setting this version does not know: writing could mix stores
+        try:
+            made = compressor(body.get("compression"), body.get("level"))
+        except ValueError:
+            raise bad from None
+        return Settings(body.get("compression"), made.level if made else None)
+
+    def describe(self) -> str:
+        return "no compression" if self.compression is None else \
+            f"compression={self.compression!r}, compression_level={self.level}"
+
+
+def present() -> Step[bool]:
+    """True if the root holds a store: its marker, or any ref or pack (stores written before the
+    marker existed, or by a first save)."""
+    got = yield GetMany([MARKER])
+    if got.get(MARKER) is not None:
+        return True
+    for prefix in ("refs", "packs"):
+        if (yield List(prefix)):
+            return True
+    return False
+
+
+def read() -> Step[Settings | None]:
+    got = yield GetMany([MARKER])
+    data = got.get(MARKER)
+    return None if data is None else Settings.decode(data)
+
+
+def settle(url: str, wanted: Settings | None, *, write: bool = False) -> Step[Settings]:
+    """The settings to write with: the store's own; ``wanted`` (if given) must agree with them.
+    A store without settings takes ``wanted``, written (create-if-absent, then read back: a
+    concurrent opener may have won) when given or when ``write``."""
+    have = yield from read()
+    if have is None and (wanted is not None or write):
+        yield PutMany({MARKER: (wanted or Settings()).encode()})
+        have = yield from read()
+    if have is None:
+        return Settings()
+    if wanted is not None and wanted != have:
+        raise InvalidArgumentError(
+            f"the store at {url!r} was created with {have.describe()}; it was opened with "
+            f"{wanted.describe()}. Open it without compression= to use its own settings")
+    return have
+
+
+def opening(url: str, objects: Any, create: bool) -> Step[None]:
+    """What ``open`` checks: with ``create=False`` that a store is there; with explicit
+    settings (``objects.wanted``) that they are the store's (written if it has none)."""
+    if not create and not (yield from present()):
+        raise absent(url)
+    if objects.wanted is not None:
+        yield from objects.settle()
+
+
+def absent(url: str) -> NotFoundError:
+    return NotFoundError(f"no store at {url!r}: it holds no checkpoints; check the URL, or "
+                         "create one with `cas-checkpoint init` (or a first save)")

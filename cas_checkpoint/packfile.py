@@ -1,0 +1,172 @@
+"""The pack object: many objects in one, with an index of id prefixes and lengths, optionally
+zstd-compressed. Pure code.
+
+Layout: the object header (``CAS`` ``P`` version), a flags byte, the object count (u32), the first
+``PACK_PREFIX`` bytes of each id, each object's length, then the body: the objects one after
+another. Flags: bit 0 set means lengths are u16 (every object under 64 KB), else u32; bit 1 set
+means the body is one zstd frame (its decompressed length is the sum of the lengths, known from
+the index before a byte is decompressed). Other bits are 0.
+
+Compression never changes what an object is: objects keep their names (the BLAKE3 of their
+canonical, uncompressed bytes), a pack is named by the hash of its stored bytes, and a reader
+re-hashes every object it takes out, after decompressing. A body that would expand past
+``MAX_RATIO`` times its compressed size (beyond ``SMALL_BODY``) is a decompression bomb:
+refused before anything is allocated, and the writer never produces one (it stores such a body
+plain)."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import FormatError
+from .objects import _HEADERS, PACK, ObjectId, object_id, object_kind
+
+PACK_PREFIX = 4  # bytes of each object's id in a pack's index: the rest is its hash
+MAX_SAME_PREFIX = 16  # objects of one pack sharing a prefix, at most (a few, by chance)
+SHORT, ZSTD = 1, 2  # flag bits
+MAX_RATIO = 64  # a compressed body may expand to at most this many times its size...
+SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
+PAYS = 0.9  # compress a body only when that saves at least 10%
+LEVELS = range(1, 20)  # zstd levels a store may use
+
+
+def _bad(what: str) -> FormatError:
+    return FormatError(f"damaged or foreign object: {what}")
+
+
+class Zstd:
+    """Compresses pack bodies with zstd (the ``zstandard`` binding) at one level."""
+
+    def __init__(self, level: int = 3) -> None:
+        self.level = level
+        self._mine = threading.local()  # a zstd context is not thread-safe: one per thread
+
+    def compress(self, body: bytes) -> bytes | None:
+        """The compressed body, or None when it does not pay or would read as a bomb."""
+        if len(body) < 64:
+            return None
+        ctx = getattr(self._mine, "ctx", None)
+        if ctx is None:
+            import zstandard
+
+            ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
+                                                            write_content_size=True)
+        out: bytes = ctx.compress(body)
+        if len(out) > PAYS * len(body) or len(body) > max(SMALL_BODY, MAX_RATIO * len(out)):
+            return None
+        return out
+
+
+def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
+                compressor: Zstd | None = None) -> bytes:
+    """One pack holding ``objects`` (id -> bytes), in the order given (see the module's
+    docstring); 6 or 8 bytes of index an object; a reader re-hashes an object to know its full
+    id. With a ``compressor``, the body is compressed when that pays."""
+    lengths = list(map(len, objects.values()))
+    short = max(lengths, default=0) < 1 << 16
+    prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
+    sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
+    body = b"".join(objects.values())
+    packed = compressor.compress(body) if compressor is not None else None
+    flags = (SHORT if short else 0) | (ZSTD if packed is not None else 0)
+    head = _HEADERS[PACK] + bytes([flags]) + struct.pack(">I", len(objects))
+    return b"".join([head, prefixes, sizes, body if packed is None else packed])
+
+
+def _decompress(data: memoryview, start: int, size: int) -> bytes:
+    stored = len(data) - start
+    if size > max(SMALL_BODY, MAX_RATIO * stored):
+        raise _bad(f"a compressed pack body of {stored} bytes claims to expand to {size} "
+                   f"(more than {MAX_RATIO}x): a decompression bomb or a damaged index")
+    try:
+        import zstandard
+    except ImportError:  # pragma: no cover - a dependency of this package
+        raise FormatError("this pack is zstd-compressed: pip install zstandard") from None
+    try:
+        out: bytes = zstandard.ZstdDecompressor().decompress(bytes(data[start:]),
+                                                             max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise _bad(f"its compressed body does not decompress ({exc})") from None
+    if len(out) != size:
+        raise _bad(f"its body decompresses to {len(out)} bytes, not the {size} its index says")
+    return out
+
+
+def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tuple[int, int]]]]:
+    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index: id
+    prefix (as an int) -> the (start, end) of each object whose id starts so (one, but for the
+    rare chance collision). Checks the shape only: the caller re-hashes each object it takes
+    out to find the one it wants."""
+    if object_kind(data) != PACK:
+        raise _bad("expected a pack")
+    view = memoryview(data)
+    if len(view) < 10 or view[5] & ~(SHORT | ZSTD):
+        raise _bad("pack flags name a feature this version does not read (upgrade "
+                   "cas_checkpoint)")
+    width = 2 if view[5] & SHORT else 4
+    (count,) = struct.unpack_from(">I", view, 6)
+    body = 10 + count * (PACK_PREFIX + width)
+    if body > len(view):
+        raise _bad(f"pack claims {count} objects but is only {len(view)} bytes long")
+    prefixes = struct.unpack_from(f">{count}I", view, 10)
+    lengths = struct.unpack_from(f">{count}{'H' if width == 2 else 'I'}", view,
+                                 10 + count * PACK_PREFIX)
+    total = sum(lengths)
+    if view[5] & ZSTD:
+        plain = bytearray(view[:body])
+        plain[5] &= ~ZSTD
+        plain += _decompress(view, body, total)
+        view = memoryview(bytes(plain))
+    if body + total != len(view):
+        raise _bad("pack index does not add up to the pack's length")
+    ends = list(itertools.accumulate(lengths, initial=body))
+    index = {p: [loc] for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False),
+                                         strict=False)}
+    if len(index) < count:  # some prefixes repeat: gather every location of each
+        index = {}
+        for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False), strict=False):
+            index.setdefault(p, []).append(loc)
+            if len(index[p]) > MAX_SAME_PREFIX:
+                raise _bad(f"more than {MAX_SAME_PREFIX} objects of a pack share an id prefix")
+    return view, index
+
+
+def read_pack_index(data: bytes | memoryview) -> dict[int, list[tuple[int, int]]]:
+    """The index of a plain (uncompressed) pack's bytes; ``open_pack`` for any pack."""
+    view, index = open_pack(data)
+    if len(view) != len(data):
+        raise _bad("a compressed pack: read it with open_pack")
+    return index
+
+
+def pack_prefix(oid: str) -> int:
+    return int(oid[:2 * PACK_PREFIX], 16)
+
+
+def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
+    """Every object of a pack by its full id (each one hashed: tools and audits)."""
+    view, index = open_pack(data)
+    out: dict[ObjectId, memoryview] = {}
+    for locations in index.values():
+        for start, end in locations:
+            obj = view[start:end]
+            out[object_id(obj)] = obj
+    return out
+
+
+def compressor(name: Any, level: Any) -> Zstd | None:
+    """The compressor for a store setting: ``None``/``"none"`` or ``"zstd"`` (with a level)."""
+    if name in (None, "none"):
+        return None
+    if name == "zstd":
+        if level is None:
+            level = 3
+        if not isinstance(level, int) or isinstance(level, bool) or level not in LEVELS:
+            raise ValueError(f"zstd level must be an int from {LEVELS.start} to "
+                             f"{LEVELS.stop - 1}, not {level!r}")
+        return Zstd(level)
+    raise ValueError(f"compression must be None, 'none' or 'zstd', not {name!r}")

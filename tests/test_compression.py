@@ -1,0 +1,221 @@
+"""zstd-compressed packs: round trips on every backend, sharing unchanged (objects keep their
+names), the store's settings kept and enforced, damaged and hostile compressed packs refused."""
+
+from __future__ import annotations
+
+import os
+import struct
+from datetime import timedelta
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cas_checkpoint import (
+    CasError,
+    CheckpointStore,
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+)
+from cas_checkpoint.marker import MARKER
+from cas_checkpoint.objects import NODE, ObjectId, object_id, object_kind
+from cas_checkpoint.objstore import parse_pack
+from cas_checkpoint.packfile import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
+
+
+def _msg(i: int) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant",
+            "content": f"message {i}: the refund policy covers annual plans " * 8}
+
+
+def _grow(store: CheckpointStore, thread: str, n: int) -> dict[str, Any]:
+    state: dict[str, Any] = {"messages": [], "step": 0}
+    for i in range(n):
+        state["messages"].append(_msg(i))
+        state["step"] = i
+        store.save(thread, state)
+    return state
+
+
+def _packs(store: CheckpointStore) -> dict[str, bytes]:
+    return {i.key: store.backend.get(i.key) for i in store.backend.list("packs")}
+
+
+def _nodes(store: CheckpointStore) -> set[str]:
+    out: set[str] = set()
+    for data in _packs(store).values():
+        out |= {oid for oid, obj in decode_pack(data).items() if object_kind(obj) == NODE}
+    return out
+
+
+VALUES: list[Any] = [None, True, 1 << 62, -7, 3.5, "ü" * 5000, b"\x00\xff" * 40000,
+                     [1, [2, [3]]], (1, "a"), {"k": {"x": [b"1"] * 3}}, set(), frozenset({1}),
+                     {"messages": [_msg(i) for i in range(300)]}, "x" * 200_000]
+
+
+def test_round_trips_with_compression(make_store: Any) -> None:
+    store = make_store(compression="zstd")
+    for i, value in enumerate(VALUES):
+        store.save("t", {"v": value, "i": i})
+    fresh = CheckpointStore.open(store.url, storage_options=_opts(store))
+    for info, value in zip(reversed(fresh.history("t")), VALUES, strict=True):
+        assert fresh.load("t", info.id).state == {"v": value, "i": info.step}
+    packs = _packs(store)
+    assert packs and any(data[5] & ZSTD for data in packs.values())
+    assert fresh.verify(deep=True).ok
+
+
+def _opts(store: CheckpointStore) -> dict[str, Any]:
+    fs = getattr(store.backend, "fs", None)
+    return dict(fs.storage_options) if store.url.startswith("s3://") and fs else {}
+
+
+def test_sharing_holds_and_bytes_shrink(tmp_path: Any) -> None:
+    plain = CheckpointStore.open(str(tmp_path / "plain"))
+    packed = CheckpointStore.open(str(tmp_path / "zstd"), compression="zstd")
+    for store in (plain, packed):
+        _grow(store, "t", 120)
+        store.fork("t", store.history("t")[60].id, "f")
+        store.repack()
+        store.gc(grace=timedelta(0))
+    assert _nodes(plain) == _nodes(packed)  # the same objects, named by their plain bytes
+    assert packed.storage_bytes() * 3 < plain.storage_bytes()
+    assert packed.load("f").state == plain.load("f").state
+    # a second thread saving the same state writes only its record and log, never the nodes
+    before = _nodes(packed)
+    packed.save("copy", packed.load("t").state)
+    packed.repack()
+    assert _nodes(packed) == before
+
+
+def test_settings_are_kept_and_enforced(tmp_path: Any) -> None:
+    url = str(tmp_path / "s")
+    store = CheckpointStore.init(url, compression="zstd", compression_level=7)
+    assert msgpack.unpackb(store.backend.get(MARKER))["level"] == 7
+    with pytest.raises(InvalidArgumentError, match="created with compression='zstd'"):
+        CheckpointStore.open(url, compression="none")
+    with pytest.raises(InvalidArgumentError, match="compression_level=7"):
+        CheckpointStore.open(url, compression="zstd")
+    for bad in ({"compression": "lz4"}, {"compression": "zstd", "compression_level": 99},
+                {"compression": "zstd", "compression_level": True}):
+        with pytest.raises(InvalidArgumentError):
+            CheckpointStore.open(str(tmp_path / "x"), **bad)
+    plain_opener = CheckpointStore.open(url)  # no settings given: it writes by the store's
+    _grow(plain_opener, "t", 40)
+    assert all(data[5] & ZSTD for data in _packs(plain_opener).values())
+    # a store made without settings takes the first explicit ones, then keeps them
+    other = str(tmp_path / "o")
+    _grow(CheckpointStore.open(other), "t", 30)
+    assert not any(d[5] & ZSTD for d in _packs(CheckpointStore.open(other)).values())
+    CheckpointStore.open(other, compression="zstd")
+    with pytest.raises(InvalidArgumentError):
+        CheckpointStore.open(other, compression="none")
+    mixed = CheckpointStore.open(other)
+    _grow(mixed, "u", 30)
+    assert mixed.load("t").state["step"] == 29 and mixed.verify(deep=True).ok
+
+
+def test_a_damaged_or_foreign_config_is_refused(tmp_path: Any) -> None:
+    for body in (b"\xc1garbage", msgpack.packb({"cas_checkpoint": 3, "encryption": "aes"}),
+                 msgpack.packb([1, 2]), b"\x00" * 5000):
+        url = str(tmp_path / f"c{len(body)}-{body[:2].hex()}")
+        store = CheckpointStore.open(url)
+        store.backend.put_many({MARKER: body})
+        with pytest.raises(FormatError, match="cas-store"):
+            _grow(CheckpointStore.open(url), "t", 12)
+
+
+def test_damaged_compressed_pack_is_an_integrity_error(tmp_path: Any) -> None:
+    url = str(tmp_path / "d")
+    store = CheckpointStore.open(url, compression="zstd")
+    _grow(store, "t", 60)
+    key, data = max(_packs(store).items(), key=lambda kv: len(kv[1]))
+    assert data[5] & ZSTD
+    flipped = bytearray(data)
+    flipped[len(data) - 20] ^= 0x40
+    store.backend.delete_many([key])
+    store.backend.put_many({key: bytes(flipped)})
+    with pytest.raises(IntegrityError):
+        CheckpointStore.open(url).load("t", store.history("t")[-1].id)
+    report = CheckpointStore.open(url).verify(deep=True)
+    assert not report.ok and any(p.kind == "corrupt" for p in report.problems)
+
+
+def _objects(n: int, size: int) -> dict[ObjectId, bytes]:
+    out = {}
+    for i in range(n):
+        data = (f"{i:08d}" * (size // 8 + 1)).encode()[:size]
+        out[object_id(data)] = data
+    return out
+
+
+def test_compressed_packs_read_back_and_skip_when_it_does_not_pay() -> None:
+    objs = _objects(40, 2000)
+    data = encode_pack(objs, Zstd(3))
+    assert data[5] & ZSTD and len(data) < sum(map(len, objs.values())) // 3
+    assert {k: bytes(v) for k, v in decode_pack(data).items()} == objs
+    noise = {object_id(b): b for b in (os.urandom(3000), os.urandom(500))}
+    assert not encode_pack(noise, Zstd(3))[5] & ZSTD  # random bytes: stored plain
+
+
+def test_decompression_bombs_are_refused_before_allocating() -> None:
+    import zstandard
+
+    # an index that claims 200 MB of objects over a tiny body
+    n, size = 200, 1 << 20
+    head = encode_pack({}, None)[:5]
+    index = struct.pack(">I", n) + b"\x00" * 4 * n + struct.pack(f">{n}I", *[size] * n)
+    body = zstandard.ZstdCompressor().compress(b"\x00" * 1000)
+    bomb = head + bytes([ZSTD]) + index + body
+    with pytest.raises(FormatError, match="decompression bomb"):
+        open_pack(bomb)
+    with pytest.raises(FormatError):
+        parse_pack(object_id(bomb), bomb)
+    # a frame that holds more than its index says (within the ratio): refused, bounded
+    real = zstandard.ZstdCompressor().compress(b"a" * (SMALL_BODY // 2))
+    lie = head + bytes([ZSTD]) + struct.pack(">I", 1) + b"\x00" * 4 + struct.pack(">I", 1000) + real
+    with pytest.raises(FormatError, match="decompress"):
+        open_pack(lie)
+    # what the writer refuses to produce: a body expanding past the ratio is stored plain
+    zeros = {object_id(b"\x00" * (4 << 20)): b"\x00" * (4 << 20)}
+    assert not encode_pack(zeros, Zstd(3))[5] & ZSTD
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_hostile_compressed_packs_only_raise_cas_errors(data: st.DataObject) -> None:
+    pack = encode_pack(_objects(12, 700), Zstd(3))
+    raw = bytearray(pack)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        raw = raw[:data.draw(st.integers(0, len(raw)))]
+    try:
+        view, index = open_pack(bytes(raw))
+        for locations in index.values():
+            for start, end in locations:
+                object_id(view[start:end])
+    except CasError:
+        pass
+
+
+def test_one_compressor_in_many_threads() -> None:
+    """zstd contexts are not thread-safe: a store's compressor is used by every thread that saves
+    through it (LangGraph writes from a thread pool); each must get a context of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    z = Zstd(3)
+    bodies = [(f"{i:06d} " * 5000).encode() for i in range(64)]
+
+    def roundtrip(body: bytes) -> bool:
+        objs = {object_id(body): body}
+        view, index = open_pack(encode_pack(objs, z))
+        (locations,) = index.values()
+        return bytes(view[locations[0][0]:locations[0][1]]) == body
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(roundtrip, bodies * 4))
