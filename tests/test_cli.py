@@ -218,6 +218,8 @@ def test_every_command_with_json(target: dict[str, Any], tmp_path: Path) -> None
     pruned = cli_json("prune", url, "main", "--keep-last", "5", "--no-keep-labeled", *extra)
     assert pruned["removed"] == 21
     assert cli_json("log", url, "main", *extra)["checkpoints"] == 5
+    would = cli_json("gc", url, "--grace", "0s", "--force", "--dry-run", *extra)
+    assert would["dry_run"] is True and len(would["would_delete"]) == would["deleted_objects"]
     gc = cli_json("gc", url, "--grace", "0s", "--force", *extra)
     assert gc["deleted_objects"] >= 0 and gc["dry_run"] is False
     assert cli_json("verify", url, *extra)["ok"] is True

@@ -10,6 +10,8 @@ from .._fmt import human_bytes
 from .common import OK, CliError, emit_json, info_dict, open_store, resolve, storage_options
 from .progress import bar
 
+SHOW = 20  # ids a dry run prints before it only counts
+
 
 def cmd_init(args: argparse.Namespace) -> int:
     try:
@@ -115,12 +117,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
                           force=args.force)
     if args.json:
         out = report.to_dict()
+        if args.dry_run:
+            out["would_delete"] = list(report.deleted)
         if repacked is not None:
             out["repack_freed_bytes"] = repacked.freed_bytes
         emit_json(out)
         return OK
     if repacked is not None:
         print(repacked.to_text())
+    if args.dry_run:
+        for oid in report.deleted[:SHOW]:
+            print(f"would delete pack {oid}")
+        if len(report.deleted) > SHOW:
+            print(f"... and {len(report.deleted) - SHOW} more (--json lists them all)")
     print(report.to_text())
     verb = "would free" if args.dry_run else "freed"
     print(f"{verb} {human_bytes(report.deleted_bytes)}")
