@@ -32,6 +32,7 @@ MAX_RATIO = 64  # a compressed body may expand to at most this many times its si
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
 LEVELS = range(1, 20)  # zstd levels a store may use
+MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
 
 def _bad(what: str) -> FormatError:
@@ -86,11 +87,23 @@ def _decompress(data: memoryview, start: int, size: int) -> bytes:
         import zstandard
     except ImportError:  # pragma: no cover - a dependency of this package
         raise FormatError("this pack is zstd-compressed: pip install zstandard") from None
+    # Streamed, never sized by the frame's header: output is read up to one byte past what the
+    # index says, and the window a frame may ask for is bounded; damage cannot ask for more.
+    dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    parts: list[bytes] = []
+    got = 0
     try:
-        out: bytes = zstandard.ZstdDecompressor().decompress(bytes(data[start:]),
-                                                             max_output_size=size)
-    except zstandard.ZstdError as exc:
-        raise _bad(f"its compressed body does not decompress ({exc})") from None
+        with dctx.stream_reader(bytes(data[start:]), read_across_frames=False) as reader:
+            while got <= size:
+                chunk = reader.read(min(size + 1 - got, 1 << 20))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+    except (zstandard.ZstdError, MemoryError) as exc:
+        raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
+                   ) from None
+    out = b"".join(parts)
     if len(out) != size:
         raise _bad(f"its body decompresses to {len(out)} bytes, not the {size} its index says")
     return out
