@@ -9,6 +9,7 @@
 
 from .codec import TypeRegistry
 from .copy import CopyReport, copy_threads
+from .crypto import Key
 from .diff import Change, StateDiff
 from .errors import (
     CasError,
@@ -45,6 +46,7 @@ __all__ = [
     "GCReport",
     "IntegrityError",
     "InvalidArgumentError",
+    "Key",
     "Match",
     "NotFoundError",
     "ObjectId",

@@ -25,12 +25,14 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import bundle, marker
+from . import bundle, crypto, marker
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend_async
 from .core import CACHE_BYTES, UNSET, Core
+from .crypto import Encryption
 from .diff import StateDiff
 from .diff import diff as diff_step
+from .errors import InvalidArgumentError
 from .model import Checkpoint, CheckpointInfo, StoreStats
 from .objects import CheckpointId
 from .ops import Step, arun, landed
@@ -87,8 +89,8 @@ class AsyncCheckpointStore:
                    keep_last: int | None = None, cache_dir: str | Any | None = None,
                    cache_bytes: int = CACHE_BYTES, retries: int | None = None,
                    timeout: float | None = None, create: bool = True,
-                   compression: str | None = None, compression_level: int | None = None
-                   ) -> AsyncCheckpointStore:
+                   compression: str | None = None, compression_level: int | None = None,
+                   encryption: Encryption = None) -> AsyncCheckpointStore:
         """Open (creating if needed) the store at ``url``; the arguments are those of
         ``CheckpointStore.open``. For S3 this makes an s3fs session bound to the running event
         loop: use the store from that loop, and ``await store.aclose()`` (or ``async with``)
@@ -99,11 +101,17 @@ class AsyncCheckpointStore:
         backend = await open_backend_async(url, dict(storage_options or {}),
                                            allow_unsafe=allow_unsafe, retries=retries,
                                            timeout=timeout, create=create)
+        ring = crypto.Keyring.of(encryption)
+        if ring is not None:
+            backend = crypto.SealedBackend(backend, ring)
         store = cls.__new__(cls)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
         try:
-            await store._run(marker.opening(url, store._core.objects, create))
+            if isinstance(backend, crypto.SealedBackend):
+                await store._run(crypto.opening(url, store._core.objects, backend, create))
+            else:
+                await store._run(marker.opening(url, store._core.objects, create))
         except BaseException:
             await store.aclose()
             raise
@@ -273,7 +281,17 @@ class AsyncCheckpointStore:
         await self._run(self._core.objects.settle())
         got = self._core.objects.settings
         assert got is not None
-        return {"compression": got.compression, "compression_level": got.level}
+        return {"compression": got.compression, "compression_level": got.level,
+                "encryption": got.encryption, "key_id": got.key_id}
+
+    async def rekey(self) -> dict[str, Any]:
+        """``CheckpointStore.rekey``."""
+        backend = self.backend
+        if not isinstance(backend, crypto.SealedBackend):
+            raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
+                                       "AsyncCheckpointStore.open(url, encryption=[new, old])")
+        self._core._known.clear()
+        return await self._run(crypto.rekey(self._core.refs, backend))
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

@@ -175,6 +175,7 @@ class Core:
     def ref(self, thread_id: str) -> Step[Ref]:
         ref = yield from self.refs.read(thread_id)
         if ref is None or ref.head.head is None:
+            yield from self.objects.settle()  # (read once) an encrypted store says so
             raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
                                 "threads() lists the threads there are")
         return ref

@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
+from .crypto import unwrap
 from .errors import InvalidArgumentError, StorageError
 from .objects import Head, ObjectId
 from .objstore import PREFIX, key_pack_id
@@ -224,6 +225,7 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     if not isinstance(grace, timedelta) or grace < timedelta(0):
         raise InvalidArgumentError(f"grace must be a non-negative timedelta, not {grace!r}")
     g = grace.total_seconds()
+    backend = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
     exact = isinstance(backend, (LocalBackend, MemoryBackend))
     if not exact and g < MIN_S3_GRACE and not force:
         raise InvalidArgumentError(

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import FormatError, InvalidArgumentError, NotFoundError
+from .errors import FormatError, InvalidArgumentError, NotFoundError, StorageError
 from .objects import VERSION
 from .ops import GetMany, List, PutMany, Step
 from .packfile import Zstd, compressor
@@ -26,6 +26,9 @@ MAX_CONFIG = 4096  # bytes; a bigger one is refused unread
 class Settings:
     compression: str | None = None  # None or "zstd"
     level: int | None = None
+    encryption: str | None = None  # None or crypto.CIPHER
+    key_id: str | None = None  # the key the store was created with (an id, never the key)
+    names: bytes | None = None  # the names secret, sealed under that key (crypto.py)
 
     @staticmethod
     def of(compression: Any, level: Any) -> Settings | None:
@@ -44,9 +47,15 @@ class Settings:
         return compressor(self.compression, self.level)
 
     def encode(self) -> bytes:
-        out: bytes = msgpack.packb({"cas_checkpoint": VERSION, "compression": self.compression,
-                                    "level": self.level})
+        body: dict[str, Any] = {"cas_checkpoint": VERSION, "compression": self.compression,
+                                "level": self.level}
+        if self.encryption is not None:  # a plain store's object is as it always was
+            body.update(encryption=self.encryption, key_id=self.key_id, names=self.names)
+        out: bytes = msgpack.packb(body, use_bin_type=True)
         return out
+
+    def same_compression(self, other: Settings) -> bool:
+        return (self.compression, self.level) == (other.compression, other.level)
 
     @staticmethod
     def decode(data: bytes) -> Settings:
@@ -61,25 +70,35 @@ class Settings:
             raise bad from None
         if not isinstance(body, dict) or not isinstance(body.get("cas_checkpoint"), int):
             raise bad
-        if not set(body) <= {"cas_checkpoint", "compression", "level"}:
+        if not set(body) <= {"cas_checkpoint", "compression", "level", "encryption", "key_id",
+                             "names"}:
             raise bad  # a setting this version does not know: writing could mix stores
         try:
             made = compressor(body.get("compression"), body.get("level"))
         except ValueError:
             raise bad from None
-        return Settings(body.get("compression"), made.level if made else None)
+        enc, kid, names = body.get("encryption"), body.get("key_id"), body.get("names")
+        if enc is not None and (enc != ENCRYPTION or not isinstance(kid, str)
+                                or not isinstance(names, bytes)):
+            raise bad
+        return Settings(body.get("compression"), made.level if made else None, enc,
+                        kid if enc else None, names if enc else None)
 
     def describe(self) -> str:
         return "no compression" if self.compression is None else \
             f"compression={self.compression!r}, compression_level={self.level}"
 
 
-def present() -> Step[bool]:
+ENCRYPTION = "aes-256-gcm/blake3-siv"  # the one cipher suite (crypto.py)
+
+
+def present(marker_read: bool = False) -> Step[bool]:
     """True if the root holds a store: its marker, or any ref or pack (stores written before the
-    marker existed, or by a first save)."""
-    got = yield GetMany([MARKER])
-    if got.get(MARKER) is not None:
-        return True
+    marker existed, or by a first save). ``marker_read``: the caller found no marker already."""
+    if not marker_read:
+        got = yield GetMany([MARKER])
+        if got.get(MARKER) is not None:
+            return True
     for prefix in ("refs", "packs"):
         if (yield List(prefix)):
             return True
@@ -102,7 +121,7 @@ def settle(url: str, wanted: Settings | None, *, write: bool = False) -> Step[Se
         have = yield from read()
     if have is None:
         return Settings()
-    if wanted is not None and wanted != have:
+    if wanted is not None and not wanted.same_compression(have):
         raise InvalidArgumentError(
             f"the store at {url!r} was created with {have.describe()}; it was opened with "
             f"{wanted.describe()}. Open it without compression= to use its own settings")
@@ -110,9 +129,25 @@ def settle(url: str, wanted: Settings | None, *, write: bool = False) -> Step[Se
 
 
 def opening(url: str, objects: Any, create: bool) -> Step[None]:
-    """What ``open`` checks: with ``create=False`` that a store is there; with explicit
-    settings (``objects.wanted``) that they are the store's (written if it has none)."""
-    if not create and not (yield from present()):
+    """What ``open`` checks (without ``encryption=``; with it, ``crypto.opening``). A plain
+    ``open`` makes no request. With ``create=False`` or explicit settings (``objects.wanted``)
+    it reads the root object: the store is not encrypted; with ``create=False`` a store is
+    there; explicit settings are the store's (written if it has none)."""
+    if create and objects.wanted is None:
+        return  # no request: a first write reads the settings (and refuses an encrypted
+        # store); a read of an encrypted store meets a sealed ref (Head.decode says so)
+    try:
+        have = yield from read()
+    except StorageError:
+        if not create:
+            raise
+        have = None  # unreachable now: the first operation says so (a write re-reads this)
+    if have is not None and have.encryption is not None:
+        raise InvalidArgumentError(
+            f"the store at {url!r} is encrypted (key id {have.key_id}); pass "
+            "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a quick "
+            "verify)")
+    if not create and have is None and not (yield from present(marker_read=True)):
         raise absent(url)
     if objects.wanted is not None:
         yield from objects.settle()

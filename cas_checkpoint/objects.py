@@ -48,7 +48,7 @@ from typing import Any, NewType
 import blake3
 import msgpack
 
-from .errors import FormatError, IntegrityError
+from .errors import FormatError, IntegrityError, InvalidArgumentError
 from .links import read_varint, varint
 
 ObjectId = NewType("ObjectId", str)
@@ -465,6 +465,11 @@ class Head:
         if len(data) > MAX_HEAD_BYTES:
             raise _bad(f"a ref of {len(data)} bytes is larger than any valid ref "
                        f"({MAX_HEAD_BYTES} bytes)")
+        if bytes(data[:4]) == b"CASE":  # crypto.SEALED_HEAD: only its keys open it
+            raise InvalidArgumentError(
+                f"{path} is encrypted: this store was created with a key; open it with "
+                "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a "
+                "quick verify)")
         if object_kind(data) != HEAD:
             raise _bad("expected a thread head")
         view = memoryview(data)

@@ -17,12 +17,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import marker
+from . import crypto, marker
 from .backends import Backend
-from .errors import FormatError, IntegrityError, NotFoundError
+from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .objects import Head, ObjectId, object_id
 from .ops import GetMany, PutMany, Step
-from .packfile import Zstd, open_pack, pack_prefix
+from .packfile import Sealing, Zstd, open_pack, pack_prefix
 
 PREFIX = "packs"
 
@@ -104,17 +104,25 @@ class Pack:
         return got
 
 
-def parse_pack(pid: str, data: bytes, *, trusted: bool = False) -> Pack:
+def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
+               keys: crypto.Keyring | None = None) -> Pack:
     """A pack from its stored bytes: hashed against its name (unless this process just built
-    it: ``trusted``), then its index decoded."""
+    it: ``trusted``), decrypted if it is encrypted (with ``keys``), then its index decoded. A
+    key-less keyring gets an encrypted pack with an empty index (its name checked, nothing
+    else)."""
     actual = pid if trusted else object_id(data)
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
+    size = len(data)
+    if keys is not None and crypto.is_sealed_pack(data):
+        if keys.keyless and bytes(data[6:14]).hex() not in keys.keys:
+            return Pack(ObjectId(pid), size, memoryview(b""), {})
+        data = crypto.open_sealed_pack(data, keys, pack_key(pid))
     try:
         view, index = open_pack(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
-    return Pack(ObjectId(pid), len(data), view, index)
+    return Pack(ObjectId(pid), size, view, index)
 
 
 class View:
@@ -183,6 +191,9 @@ class ObjectStore:
         self.wanted: marker.Settings | None = None  # what the opener asked for (None: any)
         self.settings: marker.Settings | None = None  # the store's, once read (first write)
         self.compressor: Zstd | None = None  # by the settings (None until they are read)
+        self.keyring: crypto.Keyring | None = (  # an encrypted store's keys (crypto.py)
+            backend.ring if isinstance(backend, crypto.SealedBackend) else None)
+        self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
 
@@ -191,9 +202,34 @@ class ObjectStore:
         pack this object writes); InvalidArgumentError if they differ from ``wanted``."""
         if self.settings is None:
             settings = yield from marker.settle(self.backend.url, self.wanted)
-            self.compressor = settings.compressor()
-            self.settings = settings
+            if (settings.encryption is None) != (self.keyring is None):
+                why = (f"encrypted (key id {settings.key_id}); pass encryption=Key.from_env("
+                       "'CAS_KEY')" if settings.encryption else
+                       "not encrypted; open it without encryption=")
+                raise InvalidArgumentError(f"the store at {self.backend.url!r} is {why}")
+            if self.keyring is not None and isinstance(self.backend, crypto.SealedBackend):
+                yield from crypto.record_writer(self.keyring, settings, self.backend.names)
+            self.adopt(settings)
         return self.compressor
+
+    def adopt(self, settings: marker.Settings) -> None:
+        """Write by ``settings`` from now on (an encrypted store's packer also seals)."""
+        compressor = settings.compressor()
+        if self.keyring is not None:
+            compressor = Sealing(compressor, self.keyring.writer)
+        self.compressor = compressor
+        self.settings = settings
+
+    def sealer(self) -> crypto.Key | None:
+        """The key new packs are sealed with (None: a plain store)."""
+        return None if self.keyring is None else self.keyring.write_key()
+
+    def parse(self, pid: str, data: bytes, *, trusted: bool = False) -> Pack:
+        """``parse_pack`` with this store's keys (remembering which key sealed the pack)."""
+        pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring)
+        if self.keyring is not None and crypto.is_sealed_pack(data):
+            self.sealed_by[pid] = bytes(data[6:14]).hex()
+        return pack
 
     # --- cache ---
 
@@ -236,7 +272,7 @@ class ObjectStore:
         except OSError:
             return None
         try:
-            pack = parse_pack(pid, data)  # re-hashed: a damaged cache file is just a miss
+            pack = self.parse(pid, data)  # re-hashed: a damaged cache file is just a miss
         except (IntegrityError, FormatError):
             return None
         with self._lock:
@@ -271,7 +307,7 @@ class ObjectStore:
 
     def _remember_new(self, packs: dict[ObjectId, bytes]) -> None:
         for pid, data in packs.items():
-            self._remember(parse_pack(pid, data, trusted=True))
+            self._remember(self.parse(pid, data, trusted=True))
 
     def packs(self, pids: Iterable[str]) -> Step[dict[str, Pack]]:
         """Packs by id, verified; the ones not cached are read in one parallel round."""
@@ -296,7 +332,7 @@ class ObjectStore:
                         "checkpoints stored in it cannot be loaded. Run `cas-checkpoint verify` "
                         "to list the checkpoints affected."
                     )
-                out[pid] = pack = parse_pack(pid, data)
+                out[pid] = pack = self.parse(pid, data)
                 self._remember(pack)
                 self._to_disk(pid, data)
         return out

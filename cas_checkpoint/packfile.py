@@ -5,7 +5,8 @@ Layout: the object header (``CAS`` ``P`` version), a flags byte, the object coun
 ``PACK_PREFIX`` bytes of each id, each object's length, then the body: the objects one after
 another. Flags: bit 0 set means lengths are u16 (every object under 64 KB), else u32; bit 1 set
 means the body is one zstd frame (its decompressed length is the sum of the lengths, known from
-the index before a byte is decompressed). Other bits are 0.
+the index before a byte is decompressed); bit 2 set means the pack is encrypted (``crypto.py``):
+the key id and a sealed plain pack follow the flags byte. Other bits are 0.
 
 Compression never changes what an object is: objects keep their names (the BLAKE3 of their
 canonical, uncompressed bytes), a pack is named by the hash of its stored bytes, and a reader
@@ -27,7 +28,7 @@ from .objects import _HEADERS, PACK, ObjectId, object_id, object_kind
 
 PACK_PREFIX = 4  # bytes of each object's id in a pack's index: the rest is its hash
 MAX_SAME_PREFIX = 16  # objects of one pack sharing a prefix, at most (a few, by chance)
-SHORT, ZSTD = 1, 2  # flag bits
+SHORT, ZSTD, ENCRYPTED = 1, 2, 4  # flag bits
 MAX_RATIO = 64  # a compressed body may expand to at most this many times its size...
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
@@ -60,6 +61,20 @@ class Zstd:
         if len(out) > PAYS * len(body) or len(body) > max(SMALL_BODY, MAX_RATIO * len(out)):
             return None
         return out
+
+
+class Sealing(Zstd):
+    """An encrypted store's packer: compression as ``inner`` says (None: none), then sealing
+    under ``key`` (``packing.make_pack`` seals; ``key`` None: a key-less store, which must not
+    write). Every writer of packs gets it from ``ObjectStore.settle``, so none can forget."""
+
+    def __init__(self, inner: Zstd | None, key: Any) -> None:
+        super().__init__(inner.level if inner is not None else 3)
+        self.inner = inner
+        self.key = key
+
+    def compress(self, body: bytes) -> bytes | None:
+        return None if self.inner is None else self.inner.compress(body)
 
 
 def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
@@ -117,6 +132,9 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tupl
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
+    if len(view) > 5 and view[5] & ENCRYPTED:
+        raise FormatError("this pack is encrypted: open its store with its key "
+                          "(encryption=Key.from_env('CAS_KEY'))")
     if len(view) < 10 or view[5] & ~(SHORT | ZSTD):
         raise _bad("pack flags name a feature this version does not read (upgrade "
                    "cas_checkpoint)")

@@ -19,9 +19,20 @@ thread (a fork) still names them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
+from .errors import InvalidArgumentError
 from .objects import Head, ObjectId, PackRef, object_id
-from .packfile import Zstd, encode_pack
+from .packfile import Sealing, Zstd, encode_pack
+
+if TYPE_CHECKING:
+    from .crypto import Key
+
+
+def seal_pack(data: bytes, key: Key) -> bytes:
+    from .crypto import seal_pack as seal
+
+    return seal(data, key)
 
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
@@ -32,21 +43,32 @@ PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, byte
 
 
 def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
-              compressor: Zstd | None = None) -> tuple[PackRef, bytes]:
+              compressor: Zstd | None = None, sealer: Key | None = None
+              ) -> tuple[PackRef, bytes]:
+    """A pack of ``objects`` (compressed, then sealed under ``sealer``'s key, when given),
+    named by the hash of its stored bytes."""
+    if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
+        if compressor.key is None:
+            raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
+                                       "cannot write; open it with encryption=Key.from_env("
+                                       "'CAS_KEY')")
+        sealer = compressor.key
     data = encode_pack({k: bytes(v) for k, v in objects.items()}, compressor)
+    if sealer is not None:
+        data = seal_pack(data, sealer)
     return PackRef(object_id(data), level, len(data), len(objects)), data
 
 
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
-          inline_max: int = INLINE_MAX, compressor: Zstd | None = None
-          ) -> tuple[Head, dict[ObjectId, bytes]]:
+          inline_max: int = INLINE_MAX, compressor: Zstd | None = None,
+          sealer: Key | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes)."""
     inline: dict[ObjectId, bytes] = {object_id(d): d for d in head.inline}
     for oid, data in new.items():
         inline.setdefault(oid, data)
     if sum(len(d) for d in inline.values()) <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
-    ref, data = make_pack(inline, 0, compressor)
+    ref, data = make_pack(inline, 0, compressor, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
@@ -64,7 +86,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data = make_pack(merged, min(level, 63), compressor)
+        ref, data = make_pack(merged, min(level, 63), compressor, sealer)
         for p in group:
             written.pop(p.id, None)  # merged before it was ever written
         written[ref.id] = data

@@ -31,6 +31,7 @@ import blake3
 
 from . import packing
 from .backends import Backend, RefMismatch
+from .crypto import SealedBackend, is_sealed_key
 from .errors import (
     ConflictError,
     FormatError,
@@ -87,8 +88,9 @@ def thread_from_key(key: str) -> str | None:
 
 
 def is_thread_key(key: str) -> bool:
-    """Whether a key under ``refs/heads`` is a thread's ref (not a lock or temp file)."""
-    return is_hashed_key(key) or thread_from_key(key) is not None
+    """Whether a key under ``refs/heads`` is a thread's ref (not a lock or temp file); an
+    encrypted store's are ``e-`` and a keyed hash (``crypto.py``)."""
+    return is_hashed_key(key) or is_sealed_key(key) or thread_from_key(key) is not None
 
 
 def is_hashed_key(key: str) -> bool:
@@ -179,6 +181,11 @@ class RefStore:
             )
         return Ref(head, got[1])
 
+    def stored_key(self, thread_id: str) -> str:
+        """The key a thread's ref is stored under (an encrypted store hides the id)."""
+        key = thread_key(thread_id)
+        return self.backend.ref_key(key) if isinstance(self.backend, SealedBackend) else key
+
     def read(self, thread_id: str) -> Step[Ref | None]:
         key = thread_key(thread_id)
         got = yield ReadRef(key)
@@ -192,7 +199,7 @@ class RefStore:
                 log.warning("%s in %s is not a regular file: skipped (run `cas-checkpoint "
                             "verify`)", info.key, self.backend.url)
                 continue
-            if is_hashed_key(info.key):  # a long id: its head holds it
+            if is_hashed_key(info.key) or is_sealed_key(info.key):  # its head holds the id
                 hashed.append(info.key)
                 continue
             thread = thread_from_key(info.key)
@@ -217,7 +224,7 @@ class RefStore:
                     log.warning("%s in %s is damaged, its thread is not listed: %s (run "
                                 "`cas-checkpoint verify`)", key, self.backend.url, exc)
                     continue
-                if long_id is not None and key == thread_key(long_id):
+                if long_id is not None and key == self.stored_key(long_id):
                     out.append(long_id)
         return sorted(out)
 
@@ -371,7 +378,7 @@ class RefStore:
         fetched: dict[str, Pack] = {}
         compressor = yield from self.objects.settle()  # the store's settings, read once
         while True:
-            try:
+            try:  # (an encrypted store's compressor seals too: packfile.Sealing)
                 return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
                                      self.inline_max, compressor)
             except NeedPacks as need:

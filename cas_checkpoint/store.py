@@ -9,10 +9,11 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from . import bundle, marker
+from . import bundle, crypto, marker
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend
 from .core import CACHE_BYTES, UNSET, Core, log
+from .crypto import Encryption
 from .diff import StateDiff
 from .diff import diff as diff_step
 from .errors import InvalidArgumentError
@@ -83,8 +84,8 @@ class CheckpointStore:
              keep_last: int | None = None, cache_dir: str | Any | None = None,
              cache_bytes: int = CACHE_BYTES, retries: int | None = None,
              timeout: float | None = None, create: bool = True,
-             compression: str | None = None, compression_level: int | None = None
-             ) -> CheckpointStore:
+             compression: str | None = None, compression_level: int | None = None,
+             encryption: Encryption = None) -> CheckpointStore:
         """Open (creating if needed) the store at ``url``; with ``create=False`` a URL that
         holds no store raises NotFoundError and nothing is created. ``types`` lists the dataclasses,
         pydantic models and enums that states may hold; nothing else is ever constructed.
@@ -101,16 +102,27 @@ class CheckpointStore:
         zstd; objects keep their names (the hash of their uncompressed bytes), so sharing holds.
         A store keeps the settings it was created with (in its root object, ``cas-store``):
         opened without ``compression=``, it writes by its own; opened with other settings, it
-        raises InvalidArgumentError."""
+        raises InvalidArgumentError.
+        ``encryption=Key.from_env("CAS_KEY")`` (a ``Key``; a list ``[new, old, ...]``: the first
+        writes, all read; or a callable ``key_id -> Key | None``) encrypts packs and refs with
+        AES-256-GCM, deterministically, so sharing holds; thread ids are hidden from paths. An
+        encrypted store opened without a key raises InvalidArgumentError;
+        ``encryption="keyless"`` opens it for ``gc`` and ``verify(deep=False)`` only."""
         check_open_args(retries, timeout)
         settings = marker.Settings.of(compression, compression_level)
+        ring = crypto.Keyring.of(encryption)
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         backend = open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe,
                                retries=retries, timeout=timeout, create=create)
+        if ring is not None:
+            backend = crypto.SealedBackend(backend, ring)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
-        store._run(marker.opening(url, store._core.objects, create))
+        if isinstance(backend, crypto.SealedBackend):
+            store._run(crypto.opening(url, store._core.objects, backend, create))
+        else:
+            store._run(marker.opening(url, store._core.objects, create))
         return store
 
     @classmethod
@@ -121,8 +133,7 @@ class CheckpointStore:
         options."""
         store = cls.open(url, **options)
         objects = store._core.objects
-        objects.settings = store._run(marker.settle(store.url, objects.wanted, write=True))
-        objects.compressor = objects.settings.compressor()
+        objects.adopt(store._run(marker.settle(store.url, objects.wanted, write=True)))
         return store
 
     @classmethod
@@ -321,7 +332,21 @@ class CheckpointStore:
         self._run(self._core.objects.settle())
         got = self._core.objects.settings
         assert got is not None
-        return {"compression": got.compression, "compression_level": got.level}
+        return {"compression": got.compression, "compression_level": got.level,
+                "encryption": got.encryption, "key_id": got.key_id}
+
+    def rekey(self) -> dict[str, Any]:
+        """Rewrite every thread's packs and head under the first key given to ``open`` (by
+        compare-and-swap: safe while others write; the old packs become garbage for ``gc``),
+        and retire the other keys' files: afterwards the old keys are no longer needed.
+        Returns a report: ``threads``, ``packs_rewritten``, ``bytes_written``, ``key_id``,
+        ``retired_key_ids``."""
+        backend = self.backend
+        if not isinstance(backend, crypto.SealedBackend):
+            raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
+                                       "CheckpointStore.open(url, encryption=[new, old])")
+        self._core._known.clear()
+        return self._run(crypto.rekey(self._core.refs, backend))
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 
 from .backends import Backend
+from .crypto import Keyring, SealedBackend, is_sealed_key
 from .errors import (
     CasError,
     FormatError,
@@ -55,8 +56,10 @@ KINDS = {b"N": "node", b"C": "record", b"L": "segment"}
 
 class _Audit:
     def __init__(self, backend: Backend, *, deep: bool, sample: float | None,
-                 thread_id: str | None, progress: Progress | None) -> None:
+                 thread_id: str | None, progress: Progress | None,
+                 keys: Keyring | None = None) -> None:
         self.backend, self.deep, self.sample = backend, deep, sample
+        self.keys = keys  # an encrypted store's (key-less: refs' pack lists and pack names)
         self.thread_id, self.progress = thread_id, progress
         self.rng = random.Random()
         self.report = r = VerifyReport(backend.url, deep, sample, thread_id)
@@ -148,7 +151,7 @@ class _Audit:
                 self.problem("unreadable", "ref", None, info.key, "not a regular file: a folder, "
                              "link or device where a ref belongs; move it away (gc refuses to "
                              "run while it is there)", _key_thread(info.key))
-            elif not _is_key(info.key):
+            elif not _is_key(info.key) and not (self.keys and is_sealed_key(info.key)):
                 self.problem("stray", "ref", None, info.key, "named as no thread's ref: threads() "
                              "ignores it and gc refuses to run while it is there; move it away")
             else:
@@ -177,7 +180,9 @@ class _Audit:
             except FormatError as exc:
                 self.problem("undecodable", "ref", None, key, str(exc), want)
                 continue
-            if not _belongs(head.thread_id, key):
+            if self.keys is not None and self.keys.keyless:
+                pass  # a key-less audit cannot read whose thread a sealed ref is
+            elif not _belongs(head.thread_id, key, self.backend):
                 self.problem("mismatch", "ref", head.head, key, f"it holds thread "
                              f"{head.thread_id[:200]!r}, not the thread of its key: it was "
                              "copied or tampered with", want)
@@ -228,12 +233,12 @@ class _Audit:
             self.report.by_kind["pack"]["objects"] += 1
             self.hashed("pack", len(data))
             try:
-                self.packs[pid] = parse_pack(pid, data)
+                self.packs[pid] = parse_pack(pid, data, keys=self.keys)
             except IntegrityError as exc:
                 self.bad_packs[pid] = ("corrupt", f"its bytes hash to {exc.actual}")
                 try:  # its index may be intact: then the walk finds the damaged objects
-                    self.packs[pid] = parse_pack(pid, data, trusted=True)
-                except FormatError:
+                    self.packs[pid] = parse_pack(pid, data, trusted=True, keys=self.keys)
+                except (FormatError, IntegrityError):
                     pass
             except FormatError as exc:
                 self.bad_packs[pid] = ("undecodable", str(exc))
@@ -549,9 +554,11 @@ def _is_key(key: str) -> bool:
     return thread is not None and _belongs(thread, key)
 
 
-def _belongs(thread: str, key: str) -> bool:
+def _belongs(thread: str, key: str, backend: Backend | None = None) -> bool:
     try:
-        return thread_key(thread) == key
+        plain = thread_key(thread)
+        return plain == key or (isinstance(backend, SealedBackend)
+                                and backend.ref_key(plain) == key)
     except CasError:
         return False
 
@@ -577,10 +584,14 @@ def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float
            ) -> Step[VerifyReport]:
     """The audit of the store behind ``backend`` (see the module docstring), as a step for
     ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
-    now, before any I/O. ``refs`` is the store's RefStore, unused: the audit reads refs and
-    packs from storage, never from a cache. ``progress`` is called from the step (on the event
+    now, before any I/O. ``refs`` is the store's RefStore: only its keys are used (an encrypted
+    store's), the audit reads refs and packs from storage, never from a cache. Key-less
+    (``encryption='keyless'``), the audit checks what needs no key: every ref under
+    ``refs/heads`` is a regular file with a readable clear part, and every pack it names
+    exists and hashes to its name; it cannot check a ref's seal, thread id or log, nor any
+    object inside a pack. ``progress`` is called from the step (on the event
     loop's thread under ``arun``)."""
-    del refs
+    keys = refs.objects.keyring
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int | float)
                                or not 0 < sample <= 1):
         raise InvalidArgumentError(f"sample must be a fraction in (0, 1], not {sample!r}")
@@ -591,7 +602,7 @@ def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float
     if thread_id is not None:
         thread_key(thread_id)
     return _Audit(backend, deep=deep, sample=sample, thread_id=thread_id,
-                  progress=progress).run()
+                  progress=progress, keys=keys).run()
 
 
 __all__ = ["Problem", "Progress", "VerifyReport", "verify"]

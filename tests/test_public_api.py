@@ -15,7 +15,7 @@ def test_exports() -> None:
         "ConflictError", "FormatError", "IntegrityError", "InvalidArgumentError",
         "NotFoundError", "ObjectId", "SerializationError", "StorageError", "TypeRegistry",
         "UnsafeStorageError", "Change", "StateDiff", "Match", "SearchResult",
-        "BundleReport", "CopyReport", "copy_threads",
+        "BundleReport", "CopyReport", "copy_threads", "Key",
     } <= set(cas_checkpoint.__all__)
     for name in cas_checkpoint.__all__:
         assert hasattr(cas_checkpoint, name), name
@@ -25,13 +25,14 @@ def test_store_methods() -> None:
     public = {n for n, _ in inspect.getmembers(CheckpointStore) if not n.startswith("_")}
     assert {"open", "save", "load", "get", "history", "find", "threads", "count", "head",
             "fork", "rewind", "delete", "delete_thread", "stats", "storage_bytes",
-            "url", "diff", "search", "init", "settings"} <= public
+            "url", "diff", "search", "init", "settings", "rekey"} <= public
     from cas_checkpoint.aio import AsyncCheckpointStore
 
     for cls in (CheckpointStore, AsyncCheckpointStore):
         params = inspect.signature(cls.open).parameters
         assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY
-                   for p in ("create", "compression", "compression_level")), cls
+                   for p in ("create", "compression", "compression_level", "encryption")), cls
+        assert hasattr(cls, "rekey"), cls
     assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
     params = inspect.signature(CheckpointStore.search).parameters
     assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
@@ -91,3 +92,11 @@ def test_one_error_tree() -> None:
 
 def test_typed_package() -> None:
     assert (Path(cas_checkpoint.__file__).parent / "py.typed").exists()
+
+
+def test_key_api() -> None:
+    from cas_checkpoint import Key
+
+    assert {"generate", "from_env", "from_file", "from_text", "to_text", "id"} <= set(dir(Key))
+    assert list(inspect.signature(Key).parameters) == ["secret"]
+    assert list(inspect.signature(Key.from_env).parameters) == ["name"]

@@ -53,6 +53,13 @@ def parser() -> argparse.ArgumentParser:
                    help="compress packs with zstd (kept as the store's setting)")
     p.add_argument("--level", type=int, default=None, help="zstd level, 1-19 (default 3)")
 
+    cmd("keygen", write.cmd_keygen, "print a new random key (base64) for CAS_KEY or a "
+        "--key-file; its id goes to stderr")
+
+    p = cmd("rekey", write.cmd_rekey, "rewrite an encrypted store's packs and refs under a new "
+            "key (--key-file NEW --key-file OLD)")
+    p.add_argument("store")
+
     p = cmd("threads", read.cmd_threads, "list the threads of a store")
     p.add_argument("store")
     p.add_argument("--bytes", action="store_true",

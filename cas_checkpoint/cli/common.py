@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
 import sys
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import CheckpointInfo, CheckpointStore, InvalidArgumentError, NotFoundError
+from .. import CheckpointInfo, CheckpointStore, InvalidArgumentError, Key, NotFoundError
 
 OK, PROBLEMS, ERROR = 0, 1, 2  # exit codes
 
@@ -34,6 +35,22 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--types", choices=["langgraph"], default=None,
                    help="decode the types this framework stores (langgraph: LangChain messages, "
                    "Send, Command...; needs `pip install 'cas_checkpoint[langgraph]'`)")
+    g.add_argument("--key-file", action="append", default=[], metavar="FILE",
+                   help="the key of an encrypted store (base64 or hex text); repeat it while "
+                   "rotating keys: the first writes, all read. Default: the CAS_KEY environment "
+                   "variable (comma-separated keys, the first writes)")
+
+
+def encryption(args: argparse.Namespace) -> list[Key] | None:
+    """The keys given by ``--key-file`` (or else ``CAS_KEY``), the first to write with."""
+    files = getattr(args, "key_file", None) or []
+    if files:
+        return [Key.from_file(f) for f in files]
+    text = os.environ.get("CAS_KEY", "").strip()
+    if not text:
+        return None
+    return [Key.from_text(t, "environment variable CAS_KEY") for t in text.split(",")
+            if t.strip()]
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,7 +92,7 @@ def open_store(args: argparse.Namespace, url: str | None = None, *,
     holds no store is an error, and nothing is created."""
     url = args.store if url is None else url
     return CheckpointStore.open(url, storage_options=storage_options(args), types=_types(args),
-                                create=create)
+                                create=create, encryption=encryption(args))
 
 
 # --- naming checkpoints ---

@@ -4,10 +4,20 @@ names what it changed; ``--dry-run`` (prune, gc) changes nothing and says what w
 from __future__ import annotations
 
 import argparse
+import sys
 
-from .. import CheckpointStore, NotFoundError, PruneReport
+from .. import CheckpointStore, Key, NotFoundError, PruneReport
 from .._fmt import human_bytes
-from .common import OK, CliError, emit_json, info_dict, open_store, resolve, storage_options
+from .common import (
+    OK,
+    CliError,
+    emit_json,
+    encryption,
+    info_dict,
+    open_store,
+    resolve,
+    storage_options,
+)
 from .progress import bar
 
 SHOW = 20  # ids a dry run prints before it only counts
@@ -20,7 +30,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     except NotFoundError:
         existed = False
     store = CheckpointStore.init(args.store, storage_options=storage_options(args),
-                                 compression=args.compression, compression_level=args.level)
+                                 compression=args.compression, compression_level=args.level,
+                                 encryption=encryption(args))
     settings = store.settings()
     how = (f"zstd level {settings['compression_level']}" if settings["compression"] else
            "no compression")
@@ -133,4 +144,32 @@ def cmd_gc(args: argparse.Namespace) -> int:
     print(report.to_text())
     verb = "would free" if args.dry_run else "freed"
     print(f"{verb} {human_bytes(report.deleted_bytes)}")
+    return OK
+
+
+def cmd_rekey(args: argparse.Namespace) -> int:
+    """Rewrite every thread under the first key given (``--key-file NEW --key-file OLD``, or
+    ``CAS_KEY=NEW,OLD``); afterwards the old keys are no longer needed."""
+    if not encryption(args):
+        raise CliError("rekey needs the keys: --key-file NEW --key-file OLD (or CAS_KEY=NEW,OLD)")
+    report = open_store(args).rekey()
+    if args.json:
+        emit_json(report)
+    else:
+        print(f"rekeyed {report['threads']} threads under key id {report['key_id']}: "
+              f"{report['packs_rewritten']} packs rewritten ({report['bytes_written']} bytes); "
+              f"retired key ids: {', '.join(report['retired_key_ids']) or 'none'}; run "
+              "`cas-checkpoint gc` to delete the old packs")
+    return OK
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """A new key: its text on stdout (``CAS_KEY=$(cas-checkpoint keygen)``), its id on stderr."""
+    key = Key.generate()
+    if args.json:
+        emit_json({"key": key.to_text(), "key_id": key.id})
+    else:
+        print(key.to_text())
+        print(f"key id {key.id}: keep the key secret; a lost key cannot be recovered",
+              file=sys.stderr)
     return OK
