@@ -592,6 +592,11 @@ def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float
     object inside a pack. ``progress`` is called from the step (on the event
     loop's thread under ``arun``)."""
     keys = refs.objects.keyring
+    if deep and keys is not None and keys.keyless:
+        raise InvalidArgumentError(
+            "a deep verify decrypts every object: open the store with its key "
+            "(encryption=Key.from_env('CAS_KEY')); key-less, verify(deep=False) checks the "
+            "refs' pack lists and the packs' names")
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int | float)
                                or not 0 < sample <= 1):
         raise InvalidArgumentError(f"sample must be a fraction in (0, 1], not {sample!r}")

@@ -360,6 +360,8 @@ def test_gc_and_quick_verify_without_the_key(tmp_path: Path) -> None:
     with_key = CheckpointStore.open(url, encryption=key)
     assert len(with_key.history("f")) == 70 and with_key.verify(deep=True).ok
     assert with_key.load("f").state["step"] == 69 and with_key.count("t") == 40
+    with pytest.raises(InvalidArgumentError, match="deep verify"):
+        keyless.verify(deep=True)  # it could not check what it would claim to
     quick = keyless.verify(deep=False)
     assert quick.ok and quick.threads == 2
     for op in (lambda: keyless.load("t"), lambda: keyless.save("t", {}), keyless.threads):
@@ -422,6 +424,31 @@ def test_cli_reads_cas_key_and_key_file(tmp_path: Path) -> None:
     assert CheckpointStore.open(url, encryption=new).load("Zanzibar").state["step"] == 19
     wrong = _cli("threads", url, env={**env, "CAS_KEY": Key.generate().to_text()})
     assert wrong.returncode == 2 and "none of the keys" in wrong.stderr
+
+
+def test_cli_keyless_gc_and_verify(tmp_path: Path) -> None:
+    key = Key.generate()
+    url = str(tmp_path / "s")
+    store = CheckpointStore.open(url, encryption=key)
+    _grow(store, "Zanzibar", 60)
+    store.rewind("Zanzibar", store.history("Zanzibar")[30].id)
+    store.repack()  # the dropped half is in packs no head names
+    env = {k: v for k, v in ENV.items() if k != "CAS_KEY"}
+    ok = _cli("verify", url, "--keyless", "--json", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["ok"] is True and "Zanzibar" not in ok.stdout
+    gc = _cli("gc", url, "--keyless", "--grace", "0s", "--force", "--json", env=env)
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["deleted_objects"] > 0
+    assert CheckpointStore.open(url, encryption=key).load("Zanzibar").state["step"] == 29
+    deep = _cli("verify", url, "--keyless", "--deep", env=env)
+    assert deep.returncode == 2 and "key" in deep.stderr, deep.stderr
+    both = _cli("threads", url, "--keyless", "--key-file", "x", env=env)
+    assert both.returncode == 2 and "--keyless" in both.stderr
+    pack = next(i.key for i in store.backend.inner.list("packs"))
+    store.backend.inner.delete_many([pack])
+    broken = _cli("verify", url, "--keyless", env=env)
+    assert broken.returncode == 1 and "missing" in broken.stdout, broken.stdout
 
 
 def test_cli_keygen_makes_a_key_that_opens_a_store(tmp_path: Path) -> None:

@@ -39,11 +39,19 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
                    help="the key of an encrypted store (base64 or hex text); repeat it while "
                    "rotating keys: the first writes, all read. Default: the CAS_KEY environment "
                    "variable (comma-separated keys, the first writes)")
+    g.add_argument("--keyless", action="store_true",
+                   help="open an encrypted store without its key: gc and verify (not --deep) "
+                   "only, from the refs' clear pack lists and the packs' names")
 
 
-def encryption(args: argparse.Namespace) -> list[Key] | None:
-    """The keys given by ``--key-file`` (or else ``CAS_KEY``), the first to write with."""
+def encryption(args: argparse.Namespace) -> list[Key] | str | None:
+    """The keys given by ``--key-file`` (or else ``CAS_KEY``), the first to write with;
+    ``"keyless"`` with ``--keyless``."""
     files = getattr(args, "key_file", None) or []
+    if getattr(args, "keyless", False):
+        if files:
+            raise CliError("--keyless and --key-file: give one of them")
+        return "keyless"
     if files:
         return [Key.from_file(f) for f in files]
     text = os.environ.get("CAS_KEY", "").strip()

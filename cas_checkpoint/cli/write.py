@@ -122,7 +122,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     store = open_store(args)
-    repacked = store.repack(dry_run=args.dry_run) if args.repack else None
+    repack = args.repack and not args.keyless  # a repack rewrites packs: it needs the key
+    repacked = store.repack(dry_run=args.dry_run) if repack else None
     with bar(args, "gc") as progress:
         report = store.gc(grace=args.grace, dry_run=args.dry_run, progress=progress,
                           force=args.force)
@@ -150,7 +151,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_rekey(args: argparse.Namespace) -> int:
     """Rewrite every thread under the first key given (``--key-file NEW --key-file OLD``, or
     ``CAS_KEY=NEW,OLD``); afterwards the old keys are no longer needed."""
-    if not encryption(args):
+    if not isinstance(encryption(args), list):
         raise CliError("rekey needs the keys: --key-file NEW --key-file OLD (or CAS_KEY=NEW,OLD)")
     report = open_store(args).rekey()
     if args.json:
