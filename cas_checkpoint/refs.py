@@ -208,12 +208,12 @@ class RefStore:
         if hashed:
             try:
                 got = yield ReadRefs(hashed)
-            except (FormatError, StorageError):
-                got = []  # one of them is bad: read them one by one to name it
+            except (FormatError, IntegrityError, StorageError):
+                got = []  # one of them is bad (a broken seal, too): read one by one to name it
                 for key in hashed:
                     try:
                         got.append((yield ReadRef(key)))
-                    except (FormatError, StorageError) as exc:
+                    except (FormatError, IntegrityError, StorageError) as exc:
                         log.warning("%s in %s cannot be read, its thread is not listed: %s "
                                     "(run `cas-checkpoint verify`)", key, self.backend.url, exc)
                         got.append(None)

@@ -35,6 +35,7 @@ from cas_checkpoint.marker import MARKER
 from cas_checkpoint.objects import NODE, Head, object_id, object_kind
 from cas_checkpoint.objstore import key_pack_id, parse_pack
 from cas_checkpoint.packfile import ENCRYPTED, ZSTD, decode_pack, encode_pack
+from cas_checkpoint.refs import thread_key
 
 SECRET_WORDS = ("refund-policy-7731", "Zanzibar", "label-k9", "meta-v42", "tag-q17")
 
@@ -225,6 +226,38 @@ def test_tampering_is_refused(tmp_path_factory: Any, pos: int, bit: int, which: 
         return
     pytest.fail(f"a tampered {which} (byte {pos}, bit {bit}) read back: {len(got)} states, "
                 f"the head state {'unchanged' if got[0] == want else 'CHANGED'}")
+
+
+def test_a_ref_moved_to_another_thread_does_not_open(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A sealed head is bound to its ref key: put thread a's ref under b's key and b does not
+    load a's state; the other threads are still listed; a damaged key file is refused."""
+    key = Key.generate()
+    url = str(tmp_path / "s")
+    store = CheckpointStore.open(url, encryption=key)
+    for name in ("a", "b", "c"):
+        _grow(store, name, 3)
+    raw = store.backend.inner
+    a, b = (store.backend.ref_key(thread_key(t)) for t in "ab")
+    got_a, got_b = raw.read_ref(a), raw.read_ref(b)
+    assert got_a is not None and got_b is not None
+    raw.write_ref(b, got_a[0], got_b[1])
+    fresh = CheckpointStore.open(url, encryption=key)
+    with pytest.raises(IntegrityError, match="tampered"):
+        fresh.load("b")
+    assert fresh.threads() == ["a", "c"]  # one bad ref hides no other
+    assert "cannot be read" in caplog.text
+    assert not fresh.verify().ok
+    kid = Key.generate()
+    both = CheckpointStore.open(url, encryption=[kid, key])
+    both.save("d", {"x": 1})  # records keys/<kid.id>
+    path = f"keys/{kid.id}"
+    data = bytearray(raw.get(path))
+    data[-1] ^= 1
+    raw.delete_many([path])
+    raw.put_many({path: bytes(data)})
+    with pytest.raises(IntegrityError, match="tampered"):
+        CheckpointStore.open(url, encryption=kid)
 
 
 def test_wrong_missing_and_plain_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
