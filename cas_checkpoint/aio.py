@@ -278,9 +278,7 @@ class AsyncCheckpointStore:
 
     async def settings(self) -> dict[str, Any]:
         """``CheckpointStore.settings``."""
-        await self._run(self._core.objects.settle())
-        got = self._core.objects.settings
-        assert got is not None
+        got = await self._run(self._core.objects.current())
         return {"compression": got.compression, "compression_level": got.level,
                 "encryption": got.encryption, "key_id": got.key_id}
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any
 
-from . import codec, model, retention, tree, usage
+from . import codec, marker, model, retention, tree, usage
 from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
@@ -175,7 +175,8 @@ class Core:
     def ref(self, thread_id: str) -> Step[Ref]:
         ref = yield from self.refs.read(thread_id)
         if ref is None or ref.head.head is None:
-            yield from self.objects.settle()  # (read once) an encrypted store says so
+            if self.objects.keyring is None:  # an encrypted store opened without its key
+                yield from marker.refuse_encrypted(self.url)
             raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
                                 "threads() lists the threads there are")
         return ref

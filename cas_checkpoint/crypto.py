@@ -471,7 +471,7 @@ def opening(url: str, objects: Any, backend: SealedBackend, create: bool) -> Ste
         if not create:
             raise marker.absent(url)
         writer = ring.write_key()
-        wanted = objects.wanted or marker.Settings()
+        wanted = objects.wanted or marker.DEFAULT
         names = secrets.token_bytes(32)
         made = marker.Settings(wanted.compression, wanted.level, CIPHER, writer.id,
                                wrap(writer, names))

@@ -90,6 +90,7 @@ class Settings:
 
 
 ENCRYPTION = "aes-256-gcm/blake3-siv"  # the one cipher suite (crypto.py)
+DEFAULT = Settings("zstd", 3)  # what a new store is created with (compression="none": plain)
 
 
 def present(marker_read: bool = False) -> Step[bool]:
@@ -111,21 +112,39 @@ def read() -> Step[Settings | None]:
     return None if data is None else Settings.decode(data)
 
 
-def settle(url: str, wanted: Settings | None, *, write: bool = False) -> Step[Settings]:
+def settle(url: str, wanted: Settings | None, *, write: bool = True) -> Step[Settings]:
     """The settings to write with: the store's own; ``wanted`` (if given) must agree with them.
-    A store without settings takes ``wanted``, written (create-if-absent, then read back: a
-    concurrent opener may have won) when given or when ``write``."""
+    A store without settings takes ``wanted``, or else ``DEFAULT`` when it is new and no
+    compression when it holds packs or refs from before settings existed (its readers may be
+    older). With ``write`` they are written (create-if-absent, then read back: a concurrent
+    opener may have won); without, this only says what a write would use."""
     have = yield from read()
-    if have is None and (wanted is not None or write):
-        yield PutMany({MARKER: (wanted or Settings()).encode()})
-        have = yield from read()
     if have is None:
-        return Settings()
+        chosen = wanted
+        if chosen is None:
+            chosen = Settings() if (yield from present(marker_read=True)) else DEFAULT
+        if not write:
+            return chosen
+        yield PutMany({MARKER: chosen.encode()})
+        have = yield from read()  # a concurrent first writer's, if it won: the store's now
+        if have is None:
+            raise StorageError(f"the store at {url!r} did not keep its settings object "
+                               f"{MARKER!r} (written, then not found): check the storage")
     if wanted is not None and not wanted.same_compression(have):
         raise InvalidArgumentError(
             f"the store at {url!r} was created with {have.describe()}; it was opened with "
             f"{wanted.describe()}. Open it without compression= to use its own settings")
     return have
+
+
+def refuse_encrypted(url: str) -> Step[None]:
+    """InvalidArgumentError if the store at ``url`` (opened without a key) is encrypted."""
+    have = yield from read()
+    if have is not None and have.encryption is not None:
+        raise InvalidArgumentError(
+            f"the store at {url!r} is encrypted (key id {have.key_id}); pass "
+            "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a quick "
+            "verify)")
 
 
 def opening(url: str, objects: Any, create: bool) -> Step[None]:

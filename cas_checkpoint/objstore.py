@@ -199,18 +199,30 @@ class ObjectStore:
 
     def settle(self) -> Step[Zstd | None]:
         """How new packs are compressed: by the store's settings, read once (before the first
-        pack this object writes); InvalidArgumentError if they differ from ``wanted``."""
+        write of this object; a store without them gets them written); InvalidArgumentError if
+        they differ from ``wanted``."""
         if self.settings is None:
-            settings = yield from marker.settle(self.backend.url, self.wanted)
-            if (settings.encryption is None) != (self.keyring is None):
-                why = (f"encrypted (key id {settings.key_id}); pass encryption=Key.from_env("
-                       "'CAS_KEY')" if settings.encryption else
-                       "not encrypted; open it without encryption=")
-                raise InvalidArgumentError(f"the store at {self.backend.url!r} is {why}")
+            settings = yield from self._settings(write=True)
             if self.keyring is not None and isinstance(self.backend, crypto.SealedBackend):
                 yield from crypto.record_writer(self.keyring, settings, self.backend.names)
             self.adopt(settings)
         return self.compressor
+
+    def current(self) -> Step[marker.Settings]:
+        """The store's settings (or, for a store without them, what a first write would
+        give it), writing nothing."""
+        if self.settings is not None:
+            return self.settings
+        return (yield from self._settings(write=False))
+
+    def _settings(self, write: bool) -> Step[marker.Settings]:
+        settings = yield from marker.settle(self.backend.url, self.wanted, write=write)
+        if (settings.encryption is None) != (self.keyring is None):
+            why = (f"encrypted (key id {settings.key_id}); pass encryption=Key.from_env("
+                   "'CAS_KEY')" if settings.encryption else
+                   "not encrypted; open it without encryption=")
+            raise InvalidArgumentError(f"the store at {self.backend.url!r} is {why}")
+        return settings
 
     def adopt(self, settings: marker.Settings) -> None:
         """Write by ``settings`` from now on (an encrypted store's packer also seals)."""

@@ -98,11 +98,13 @@ class CheckpointStore:
         default; throttling and 5xx wait with exponential backoff, up to 2 s apart; an
         endpoint that never answered is not retried: a wrong URL fails in seconds), and
         ``timeout`` sets the connect and read timeouts, in seconds.
-        ``compression="zstd"`` (``compression_level`` 1-19, 3 by default) compresses packs with
-        zstd; objects keep their names (the hash of their uncompressed bytes), so sharing holds.
-        A store keeps the settings it was created with (in its root object, ``cas-store``):
+        Packs are compressed with zstd (``compression_level`` 1-19, 3 by default) unless the
+        store is created with ``compression="none"``; objects keep their names (the hash of
+        their uncompressed bytes), so sharing holds. A store keeps the settings it was created
+        with (in its root object, ``cas-store``, written by its first write or by ``init``):
         opened without ``compression=``, it writes by its own; opened with other settings, it
-        raises InvalidArgumentError.
+        raises InvalidArgumentError. A store written before settings existed stays
+        uncompressed.
         ``encryption=Key.from_env("CAS_KEY")`` (a ``Key``; a list ``[new, old, ...]``: the first
         writes, all read; or a callable ``key_id -> Key | None``) encrypts packs and refs with
         AES-256-GCM, deterministically, so sharing holds; thread ids are hidden from paths. An
@@ -327,11 +329,10 @@ class CheckpointStore:
     # --- sizes ---
 
     def settings(self) -> dict[str, Any]:
-        """The store's settings, as its root object keeps them: ``{"compression": None or
-        "zstd", "compression_level": int or None}``."""
-        self._run(self._core.objects.settle())
-        got = self._core.objects.settings
-        assert got is not None
+        """The store's settings, as its root object keeps them (a store that has none yet: what
+        its first write will give it): ``{"compression": None or "zstd", "compression_level":
+        int or None, "encryption": None or the cipher suite, "key_id": str or None}``."""
+        got = self._run(self._core.objects.current())
         return {"compression": got.compression, "compression_level": got.level,
                 "encryption": got.encryption, "key_id": got.key_id}
 

@@ -20,7 +20,7 @@ from cas_checkpoint import (
     IntegrityError,
     InvalidArgumentError,
 )
-from cas_checkpoint.marker import MARKER
+from cas_checkpoint.marker import MARKER, Settings
 from cas_checkpoint.objects import NODE, ObjectId, object_id, object_kind
 from cas_checkpoint.objstore import parse_pack
 from cas_checkpoint.packfile import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
@@ -74,7 +74,7 @@ def _opts(store: CheckpointStore) -> dict[str, Any]:
 
 
 def test_sharing_holds_and_bytes_shrink(tmp_path: Any) -> None:
-    plain = CheckpointStore.open(str(tmp_path / "plain"))
+    plain = CheckpointStore.open(str(tmp_path / "plain"), compression="none")
     packed = CheckpointStore.open(str(tmp_path / "zstd"), compression="zstd")
     for store in (plain, packed):
         _grow(store, "t", 120)
@@ -106,16 +106,37 @@ def test_settings_are_kept_and_enforced(tmp_path: Any) -> None:
     plain_opener = CheckpointStore.open(url)  # no settings given: it writes by the store's
     _grow(plain_opener, "t", 40)
     assert all(data[5] & ZSTD for data in _packs(plain_opener).values())
-    # a store made without settings takes the first explicit ones, then keeps them
-    other = str(tmp_path / "o")
-    _grow(CheckpointStore.open(other), "t", 30)
-    assert not any(d[5] & ZSTD for d in _packs(CheckpointStore.open(other)).values())
-    CheckpointStore.open(other, compression="zstd")
+    # a store from before settings existed (packs and refs, no cas-store) stays uncompressed
+    # (its other readers may be older), unless its first explicit opener asks otherwise
+    for first, zstd in ((None, False), ("zstd", True)):
+        other = str(tmp_path / f"old-{first}")
+        legacy = CheckpointStore.open(other, compression="none")
+        _grow(legacy, "t", 30)
+        legacy.backend.delete_many([MARKER])
+        assert CheckpointStore.open(other).settings()["compression"] is None
+        assert legacy.backend.get_many([MARKER])[MARKER] is None  # settings() wrote nothing
+        mixed = CheckpointStore.open(other, compression=first)
+        _grow(mixed, "u", 30)
+        assert Settings.decode(legacy.backend.get(MARKER)).compression == first
+        assert any(d[5] & ZSTD for d in _packs(mixed).values()) is zstd
+        assert mixed.load("t").state["step"] == 29 and mixed.verify(deep=True).ok
     with pytest.raises(InvalidArgumentError):
         CheckpointStore.open(other, compression="none")
-    mixed = CheckpointStore.open(other)
-    _grow(mixed, "u", 30)
-    assert mixed.load("t").state["step"] == 29 and mixed.verify(deep=True).ok
+
+
+def test_new_stores_are_compressed_by_default(make_store: Any) -> None:
+    """zstd unless a store is created with compression="none"; settings() writes nothing."""
+    store = make_store()
+    assert store.settings()["compression"] == "zstd"
+    assert store.backend.get_many([MARKER])[MARKER] is None
+    _grow(store, "t", 40)
+    assert Settings.decode(store.backend.get(MARKER)) == Settings("zstd", 3)
+    assert all(d[5] & ZSTD for d in _packs(store).values())
+    plain = make_store(compression="none")
+    _grow(plain, "t", 40)
+    assert plain.settings()["compression"] is None
+    assert not any(d[5] & ZSTD for d in _packs(plain).values())
+    assert plain.storage_bytes() > 2 * store.storage_bytes()
 
 
 def test_a_damaged_or_foreign_config_is_refused(tmp_path: Any) -> None:

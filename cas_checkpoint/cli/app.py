@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("init", write.cmd_init, "create a store (read commands never do)")
     p.add_argument("store")
     p.add_argument("--compression", choices=["none", "zstd"], default=None,
-                   help="compress packs with zstd (kept as the store's setting)")
+                   help="zstd (the default for a new store) or none (kept as the store's setting)")
     p.add_argument("--level", type=int, default=None, help="zstd level, 1-19 (default 3)")
 
     cmd("keygen", write.cmd_keygen, "print a new random key (base64) for CAS_KEY or a "
