@@ -114,15 +114,13 @@ def read() -> Step[Settings | None]:
 
 def settle(url: str, wanted: Settings | None, *, write: bool = True) -> Step[Settings]:
     """The settings to write with: the store's own; ``wanted`` (if given) must agree with them.
-    A store without settings takes ``wanted``, or else ``DEFAULT`` when it is new and no
-    compression when it holds packs or refs from before settings existed (its readers may be
-    older). With ``write`` they are written (create-if-absent, then read back: a concurrent
-    opener may have won); without, this only says what a write would use."""
+    A store without settings takes ``wanted``, or else ``DEFAULT`` (also a store written
+    before settings existed). With ``write`` they are written (create-if-absent, then read
+    back: a concurrent opener may have won); without, this only says what a write would use."""
     have = yield from read()
     if have is None:
-        chosen = wanted
-        if chosen is None:
-            chosen = Settings() if (yield from present(marker_read=True)) else DEFAULT
+        chosen = wanted or DEFAULT  # (a store from before settings gets them too: a reader
+        # older than them refuses its compressed packs by name, "upgrade cas_checkpoint")
         if not write:
             return chosen
         yield PutMany({MARKER: chosen.encode()})

@@ -21,10 +21,11 @@ from . import crypto, marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .objects import Head, ObjectId, object_id
-from .ops import GetMany, PutMany, Step
+from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import Sealing, Zstd, open_pack, pack_prefix
 
 PREFIX = "packs"
+SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
 
 
 def pack_key(pid: str) -> str:
@@ -194,6 +195,7 @@ class ObjectStore:
         self.keyring: crypto.Keyring | None = (  # an encrypted store's keys (crypto.py)
             backend.ring if isinstance(backend, crypto.SealedBackend) else None)
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
+        self._settling = False  # a step is reading the settings now (see settle)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
 
@@ -201,11 +203,19 @@ class ObjectStore:
         """How new packs are compressed: by the store's settings, read once (before the first
         write of this object; a store without them gets them written); InvalidArgumentError if
         they differ from ``wanted``."""
+        waited = 0.0
+        while self.settings is None and self._settling and waited < SETTLE_WAIT:
+            yield Sleep(0.002)  # another task or thread of this object is reading them: one
+            waited += 0.002  # settles, the others wait (a store's first saves are concurrent)
         if self.settings is None:
-            settings = yield from self._settings(write=True)
-            if self.keyring is not None and isinstance(self.backend, crypto.SealedBackend):
-                yield from crypto.record_writer(self.keyring, settings, self.backend.names)
-            self.adopt(settings)
+            self._settling = True
+            try:
+                settings = yield from self._settings(write=True)
+                if self.keyring is not None and isinstance(self.backend, crypto.SealedBackend):
+                    yield from crypto.record_writer(self.keyring, settings, self.backend.names)
+                self.adopt(settings)
+            finally:  # (also when the step fails or is closed: the next caller tries again)
+                self._settling = False
         return self.compressor
 
     def current(self) -> Step[marker.Settings]:

@@ -103,8 +103,8 @@ class CheckpointStore:
         their uncompressed bytes), so sharing holds. A store keeps the settings it was created
         with (in its root object, ``cas-store``, written by its first write or by ``init``):
         opened without ``compression=``, it writes by its own; opened with other settings, it
-        raises InvalidArgumentError. A store written before settings existed stays
-        uncompressed.
+        raises InvalidArgumentError. A store written before settings existed gets them at its
+        next write (its plain packs stay readable).
         ``encryption=Key.from_env("CAS_KEY")`` (a ``Key``; a list ``[new, old, ...]``: the first
         writes, all read; or a callable ``key_id -> Key | None``) encrypts packs and refs with
         AES-256-GCM, deterministically, so sharing holds; thread ids are hidden from paths. An

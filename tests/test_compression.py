@@ -106,18 +106,19 @@ def test_settings_are_kept_and_enforced(tmp_path: Any) -> None:
     plain_opener = CheckpointStore.open(url)  # no settings given: it writes by the store's
     _grow(plain_opener, "t", 40)
     assert all(data[5] & ZSTD for data in _packs(plain_opener).values())
-    # a store from before settings existed (packs and refs, no cas-store) stays uncompressed
-    # (its other readers may be older), unless its first explicit opener asks otherwise
-    for first, zstd in ((None, False), ("zstd", True)):
+    # a store from before settings existed (packs and refs, no cas-store) takes the first
+    # explicit ones, else the default; its plain packs stay readable beside compressed ones
+    for first, zstd in ((None, True), ("none", False), ("zstd", True)):
         other = str(tmp_path / f"old-{first}")
         legacy = CheckpointStore.open(other, compression="none")
         _grow(legacy, "t", 30)
         legacy.backend.delete_many([MARKER])
-        assert CheckpointStore.open(other).settings()["compression"] is None
+        assert CheckpointStore.open(other).settings()["compression"] == "zstd"
         assert legacy.backend.get_many([MARKER])[MARKER] is None  # settings() wrote nothing
         mixed = CheckpointStore.open(other, compression=first)
         _grow(mixed, "u", 30)
-        assert Settings.decode(legacy.backend.get(MARKER)).compression == first
+        assert Settings.decode(legacy.backend.get(MARKER)).compression == (
+            "zstd" if zstd else None)
         assert any(d[5] & ZSTD for d in _packs(mixed).values()) is zstd
         assert mixed.load("t").state["step"] == 29 and mixed.verify(deep=True).ok
     with pytest.raises(InvalidArgumentError):
