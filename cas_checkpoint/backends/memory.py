@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import shared
 from ..errors import NotFoundError
 from .base import Backend, ObjectInfo, RefMismatch, T, _version
 
@@ -22,6 +23,7 @@ class MemoryBackend(Backend):
         self.fs = fs
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
+        self.shared = shared.for_store(fs, self.root)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
