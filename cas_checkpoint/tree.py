@@ -179,14 +179,45 @@ def text_cuts(data: bytes | memoryview, utf8: bool) -> list[int]:
 
 @dataclass(slots=True)
 class _SeqMemo:
-    """A split list as last built: its items' bytes, where each item ends, and its leaves."""
+    """A split list as last built: its items' bytes, where each item ends, and its leaves (one
+    entry per leaf in each of the parallel lists)."""
 
     body: bytes  # the encoded items, without the array header
     ends: list[int]  # end offset in ``body`` of each item
-    groups: list[tuple[int, ObjectId, bool]]  # (items up to, leaf id, closed by a cut)
-    leaves: dict[ObjectId, bytes]
-    group_ends: list[int]  # end offset in ``body`` of each group
+    uptos: list[int]  # items up to the end of each leaf
+    ids: list[ObjectId]  # each leaf's id
+    closed: list[bool]  # whether a cut closed it
+    datas: list[bytes]  # each leaf's bytes
+    counts: list[int]  # items in each leaf
+    group_ends: list[int]  # end offset in ``body`` of each leaf
     target: int  # the leaf size the groups were cut for
+
+
+@dataclass(slots=True)
+class _Level:
+    """One level of index nodes as last built: the children, and the closed groups of them
+    (each one's end in ``children``, and the node made of it: id, bytes, length)."""
+
+    children: list[ObjectId]
+    ends: list[int]
+    ids: list[ObjectId]
+    datas: list[bytes]
+    totals: list[int]
+
+
+def _same_groups(level: list[ObjectId], old: _Level) -> int:
+    """How many of ``old``'s closed groups ``level`` starts with (the same children up to the
+    group's end): the largest such count, by bisection (a common prefix only grows)."""
+    hi = bisect.bisect_right(old.ends, len(level))
+    lo = 0  # invariant: lo groups are the same; more than hi are not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        end = old.ends[mid - 1]
+        if level[:end] == old.children[:end]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(slots=True)
@@ -201,6 +232,8 @@ class Memo:
     seqs: OrderedDict[bytes, _SeqMemo] = field(default_factory=OrderedDict)
     index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes, int]] = field(
         default_factory=OrderedDict)
+    levels: OrderedDict[tuple[int, bool, ObjectId], list[_Level]] = field(
+        default_factory=OrderedDict)  # index levels by (shape, counted, first leaf)
     hits: int = 0  # list items reused without being hashed again
 
     def remember_seq(self, key: bytes, memo: _SeqMemo) -> None:
@@ -208,6 +241,12 @@ class Memo:
         self.seqs.move_to_end(key)
         while len(self.seqs) > self.SEQS:
             self.seqs.popitem(last=False)
+
+    def remember_levels(self, key: tuple[int, bool, ObjectId], levels: list[_Level]) -> None:
+        self.levels[key] = levels
+        self.levels.move_to_end(key)
+        while len(self.levels) > self.SEQS:
+            self.levels.popitem(last=False)
 
 
 def _common_prefix(a: bytes | memoryview, b: bytes | memoryview) -> int:
@@ -343,20 +382,25 @@ class _Builder:
         body = data[hdr:]
         key = bytes([shape]) + body[:64]
         old = memo.seqs.get(key)
-        groups: list[tuple[int, ObjectId, bool]] = []
+        uptos: list[int] = []
+        ids: list[ObjectId] = []
+        closes: list[bool] = []
+        datas: list[bytes] = []
+        counts: list[int] = []
+        group_ends: list[int] = []
         ends: list[int] = []
-        leaves: dict[ObjectId, bytes] = {}
         start = 0
         if old is not None and old.target == target:
-            same = _common_prefix(body, old.body)
+            # (an append: the old items are a prefix of the new ones, one memcmp says so)
+            same = len(old.body) if body.startswith(old.body) else _common_prefix(body, old.body)
             # every group but perhaps the last was closed by a cut: keep those within the
             # common prefix
             k = bisect.bisect_right(old.group_ends, same)
-            if k and not old.groups[k - 1][2]:
+            if k and not old.closed[k - 1]:
                 k -= 1
-            groups = old.groups[:k]
-            leaves = {g[1]: old.leaves[g[1]] for g in groups}
-            start = groups[-1][0] if groups else 0
+            uptos, ids, closes = old.uptos[:k], old.ids[:k], old.closed[:k]
+            datas, counts, group_ends = old.datas[:k], old.counts[:k], old.group_ends[:k]
+            start = uptos[-1] if uptos else 0
             ends = old.ends[:start]
             memo.hits += start
         offset = ends[-1] if ends else 0
@@ -376,26 +420,27 @@ class _Builder:
             items.append((b"", raw, None))
             pos = end
             ends.append(offset + end)
+        # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
+        self.objects.update(zip(ids, datas, strict=True))
+        self.lengths.update(zip(ids, counts, strict=True))
         upto = start
         tail: list[ObjectId] = []
         for group in self._groups(items, target):
-            upto += len(group)
             closed = self._cuts(group[-1], target) or len(group) >= LEAF_MAX_ITEMS
             if long and not closed:  # the open region of a long list: small leaves
                 tail = self._leaves(group, array_header, LONG_TAIL_TARGET)
                 break
             leaf = self._leaf(group, array_header)
-            leaves[leaf] = self.objects[leaf]
-            groups.append((upto, leaf, closed))
-        for leaf, leaf_data in leaves.items():
-            self.objects[leaf] = leaf_data
-        before = 0
-        for upto, leaf, _ in groups:  # (a leaf's length is known from where its group ends)
-            self.lengths[leaf] = upto - before
-            before = upto
-        memo.remember_seq(key, _SeqMemo(body, ends, groups, leaves,
-                                        [ends[g[0] - 1] for g in groups], target))
-        return self._index([g[1] for g in groups] + tail, shape)
+            upto += len(group)
+            uptos.append(upto)
+            ids.append(leaf)
+            closes.append(closed)
+            datas.append(self.objects[leaf])
+            counts.append(len(group))
+            group_ends.append(ends[upto - 1])
+        memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
+                                        group_ends, target))
+        return self._index(ids + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
         unpacker = _scanner(data)
@@ -489,20 +534,43 @@ class _Builder:
         inner = LIST if shape in (LIST, TUPLE) else shape
         loose: list[list[ObjectId]] = []  # open groups, lowest level first
         depth = 0
+        # With a memo: the closed groups of each level that the level last built there starts
+        # with are the same nodes (a group's end depends only on its own children), so only
+        # what follows them is grouped and made again (an append: a few nodes).
+        memo = self.memo
+        key = (inner, self.counted, level[0]) if memo is not None and level else None
+        old = memo.levels.get(key) if memo is not None and key is not None else None
+        built: list[_Level] = []
         while len(level) > 1:
-            groups: list[list[ObjectId]] = []
+            prev = old[depth] if old is not None and depth < len(old) else None
+            k = _same_groups(level, prev) if prev is not None else 0
+            if prev is not None and k:
+                ends, ids = prev.ends[:k], prev.ids[:k]
+                datas, totals = prev.datas[:k], prev.totals[:k]
+                self.objects.update(zip(ids, datas, strict=True))
+                self.lengths.update(zip(ids, totals, strict=True))
+            else:
+                ends, ids, datas, totals = [], [], [], []
             group: list[ObjectId] = []
-            for child in level:
+            for at in range(ends[-1] if ends else 0, len(level)):
+                child = level[at]
                 group.append(child)
                 if len(group) >= INDEX_MIN and _closes(child, depth) or len(group) >= INDEX_MAX:
-                    groups.append(group)
+                    node = self.concat(inner, group)
+                    ends.append(at + 1)
+                    ids.append(node)
+                    datas.append(self.objects[node])
+                    totals.append(self.lengths[node])
                     group = []
             loose.append(group)
-            if not groups:
+            built.append(_Level(level, ends, ids, datas, totals))
+            if not ids:
                 level = []
                 break
-            level = [self.concat(inner, g) for g in groups]
+            level = ids
             depth += 1
+        if memo is not None and key is not None:
+            memo.remember_levels(key, built)
         spine = list(level)
         for at in range(len(loose) - 1, 0, -1):
             if at > 1 and len(loose[at]) > 1:
@@ -545,7 +613,8 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
     builder = _Builder(types, memo)
     top = builder.subtree(value, data)
     root = top if isinstance(top, str) else builder.concat(top.shape, top.children)
-    distinct = sum(len(d) for d in builder.objects.values())
+    # (a state of at most 512 KB cannot trip this: skip the sum)
+    distinct = sum(map(len, builder.objects.values())) if len(data) > 1 << 19 else 0
     if len(data) > EXPANSION // 2 * distinct + (1 << 19):  # load allows twice as much
         raise SerializationError(
             f"cannot store the state: it repeats the same values more than {EXPANSION // 2} "
