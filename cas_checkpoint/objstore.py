@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from . import crypto, marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
-from .objects import Head, ObjectId, object_id
+from .objects import Head, ObjectId, inline_id, object_id
 from .ops import GetMany, PutMany, Step
 from .packfile import Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
@@ -135,7 +135,7 @@ class View:
         self.store = store
         self.inline: dict[str, bytes] = {}
         for data in head.inline:
-            self.inline[object_id(data)] = data  # named by their hash: nothing to check
+            self.inline[inline_id(data)] = data  # named by their hash: nothing to check
         self._ids: frozenset[str] | None = None
 
     def get(self, oid: str) -> bytes:

@@ -54,9 +54,25 @@ RETRIES = 64  # lost races in a row before giving up: 8 busy writers lose ~3 in 
 RACE_WAIT = 0.25  # cap of the random wait after a lost race, in seconds
 
 
+_KEYS: dict[str, str] = {}  # recent short thread ids (exactly str) -> their keys
+KEYS_MAX = 4096
+
+
 def thread_key(thread_id: str) -> str:
     """The ref key of a thread: base32 of its UTF-8 bytes, so no id can leave ``refs/heads``
     (``/``, ``..``, unicode are just bytes here) and case-insensitive disks cannot mix ids up."""
+    if type(thread_id) is str and len(thread_id) <= 256:
+        got = _KEYS.get(thread_id)
+        if got is None:
+            got = _thread_key(thread_id)
+            if len(_KEYS) >= KEYS_MAX:
+                _KEYS.clear()
+            _KEYS[thread_id] = got
+        return got
+    return _thread_key(thread_id)
+
+
+def _thread_key(thread_id: str) -> str:
     if not isinstance(thread_id, str):
         raise InvalidArgumentError(f"thread id must be a str, not {type(thread_id).__name__}")
     try:
