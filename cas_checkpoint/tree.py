@@ -336,7 +336,7 @@ class _Builder:
 
     def sequence(self, value: list[Any], data: bytes | memoryview, shape: int) -> _Inline:
         if self.memo is not None and len(data) <= MEMO_MAX:
-            got = self._sequence_memo(value, bytes(data), shape)
+            got = self._sequence_memo(value, data, shape)
             if got is not None:
                 return got
         unpacker = _scanner(data)
@@ -365,7 +365,8 @@ class _Builder:
             leaves += self._leaves(last, array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
 
-    def _sequence_memo(self, value: list[Any], data: bytes, shape: int) -> _Inline | None:
+    def _sequence_memo(self, value: list[Any], data: bytes | memoryview, shape: int
+                       ) -> _Inline | None:
         """``sequence`` for a list of small items, reusing the leaves of the remembered list
         whose encoding starts the same way (an append re-hashes only the new tail). For a long
         list the remembered leaves are its closed regions; the open region at its end is cut
@@ -374,12 +375,10 @@ class _Builder:
         assert memo is not None
         long = len(value) >= LONG_LIST
         target = LONG_LEAF_TARGET if long else LEAF_TARGET
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
-        unpacker.feed(data)
-        if unpacker.read_array_header() != len(value):
+        head = array_header(len(value))  # the codec writes the shortest header
+        if bytes(data[:len(head)]) != head:
             raise AssertionError("codec and msgpack disagree on a list's length")
-        hdr = unpacker.tell()
-        body = data[hdr:]
+        body = bytes(memoryview(data)[len(head):])  # the one copy (the memo keeps it)
         key = bytes([shape]) + body[:64]
         old = memo.seqs.get(key)
         uptos: list[int] = []
