@@ -67,6 +67,7 @@ class Pack:
     index: dict[int, list[tuple[int, int]]]
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
+    known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
 
     def get(self, oid: str) -> bytes | None:
         locations = self.index.get(pack_prefix(oid))
@@ -97,8 +98,16 @@ class Pack:
         got = self._all
         if got is None:  # built whole, then published: another thread never sees a part of it
             got = {}
-            for locations in self.index.values():
-                for start, end in locations:
+            spans = [loc for locations in self.index.values() for loc in locations]
+            spans.sort()
+            index = self.index
+            if self.known and len(self.known) == len(spans) and all(  # packed here, in order
+                    span in index.get(pack_prefix(oid), ())
+                    for oid, span in zip(self.known, spans, strict=True)):
+                got = {oid: self.data[start:end] for oid, (start, end) in zip(
+                    self.known, spans, strict=True)}
+            else:
+                for start, end in spans:
                     obj = self.data[start:end]
                     got[object_id(obj)] = obj
             self._all = got
@@ -322,7 +331,8 @@ class ObjectStore:
                       contents: dict[ObjectId, tuple[ObjectId, ...]]) -> None:
         for pid, data in packs.items():
             pack = self.parse(pid, data, trusted=True)
-            pack.verified.update(contents.get(pid, ()))
+            pack.known = contents.get(pid, ())
+            pack.verified.update(pack.known)
             self._remember(pack)
             if self.shared is not None:
                 self.shared.keep_pack(pid, data, pack)

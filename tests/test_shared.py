@@ -157,3 +157,25 @@ def test_the_shared_caches_are_bounded() -> None:
     assert lru.get(0) is None and lru.get(49) is not None
     lru.put("big", b"x" * 2000, 2000)  # bigger than the whole budget: not kept
     assert lru.get("big") is None and lru.bytes <= 1000
+
+
+def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypatch: Any
+                                                                       ) -> None:
+    store = CheckpointStore.open(_url())
+    store.refs.inline_max = 600  # a pack nearly every save, a merge every few
+    hashed: list[int] = []
+    real = objstore_mod.object_id
+
+    def counting(data: Any) -> Any:
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(objstore_mod, "object_id", counting)
+    state: dict[str, Any] = {"messages": []}
+    for i in range(80):
+        state["messages"].append(_msg(i))
+        store.save("t", state)
+    assert len(store.refs.read("t").head.packs) > 1
+    assert hashed == []  # each object's id is known from when it was packed
+    monkeypatch.undo()
+    assert CheckpointStore.open(store.url).verify().ok
