@@ -97,15 +97,27 @@ MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remember
 WRITE_LENGTHS = True
 
 
-@dataclass(frozen=True, slots=True)
 class _Inline:
     """The top node of a split value, not written on its own: its parent names its children
     and joins them with a ``Span`` (one object and one 32-byte id fewer per save)."""
 
-    oid: ObjectId  # the id the node would have: boundaries are decided by it
-    shape: int
-    children: tuple[ObjectId, ...]
-    lengths: tuple[int, ...]  # of each child's part (items, pairs, characters or bytes)
+    __slots__ = ("_oid", "children", "lengths", "payload", "shape")
+
+    def __init__(self, payload: bytes, shape: int, children: tuple[ObjectId, ...],
+                 lengths: tuple[int, ...]) -> None:
+        self.payload = payload  # the node's payload (shape byte and lengths)
+        self.shape = shape
+        self.children = children
+        self.lengths = lengths  # of each child's part (items, pairs, characters or bytes)
+        self._oid: ObjectId | None = None
+
+    @property
+    def oid(self) -> ObjectId:
+        """The id the node would have (a list's boundaries are decided by it): hashed only
+        when asked, as the value of a dict (the common case) never asks."""
+        if self._oid is None:
+            self._oid = object_id(encode_node(self.payload, self.children))
+        return self._oid
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +419,7 @@ class _Builder:
         if any(type(v) in (list, tuple, dict, str, bytes) and _big_enough(v) for v in rest):
             return None  # a big item gets a subtree of its own: the plain path does that
         items: list[_Item] = []
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) + 1)
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) - offset + 1)
         unpacker.feed(body[offset:])
         pos = 0
         for _ in rest:
@@ -580,7 +592,7 @@ class _Builder:
             spine = [self.concat(inner, spine)]
         children = tuple(spine + (loose[0] if loose else []))
         payload, _ = self.concat_payload(shape, children)
-        return _Inline(object_id(encode_node(payload, children)), shape, children,
+        return _Inline(payload, shape, children,
                        tuple(self.lengths[c] for c in children))
 
 
