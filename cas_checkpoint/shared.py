@@ -94,7 +94,8 @@ class Shared:
         return got[1]
 
     def keep_pack(self, pid: str, data: bytes, pack: Any) -> None:
-        PACKS.put((self.scope, pid), (data, pack), len(data))
+        plain = getattr(pack.data, "obj", None) is data  # else decompressed (or opened) too
+        PACKS.put((self.scope, pid), (data, pack), len(data) + (0 if plain else len(pack.data)))
 
     def head(self, key: str, data: bytes) -> Any:
         got = HEADS.get((self.scope, key))
