@@ -184,6 +184,8 @@ class RefStore:
             head = last[1]
         elif shared is not None and (seen := shared.head(key, got[0])) is not None:
             head = seen  # decoded (and checked) from the same bytes by another store object
+            if len(self._decoded) > 1024:
+                self._decoded.clear()
             self._decoded[key] = (got[0], head)
         else:
             try:

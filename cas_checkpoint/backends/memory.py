@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from fsspec.implementations.memory import MemoryFile
-
 from .. import shared
 from ..errors import NotFoundError
 from .base import Backend, ObjectInfo, RefMismatch, T, _version
@@ -22,6 +20,9 @@ class MemoryBackend(Backend):
     _lock = threading.Lock()
 
     def __init__(self, fs: Any, root: str) -> None:
+        from fsspec.implementations.memory import MemoryFile  # (fsspec only for memory://)
+
+        self._file = MemoryFile
         self.fs = fs
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
@@ -71,10 +72,10 @@ class MemoryBackend(Backend):
             current = None if f is None else _version(bytes(f.getbuffer()))
             if current != expected:
                 raise RefMismatch(key)
-            if f is not None and type(f) is MemoryFile:
+            if f is not None and type(f) is self._file:
                 # A file replaced by another at the same path (its folders exist): what
                 # pipe_file ends with, without its checks of every parent folder.
-                MemoryFile(self.fs, path, bytes(data)).commit()
+                self._file(self.fs, path, bytes(data)).commit()
             else:
                 self.fs.pipe_file(path, bytes(data))
         return _version(data)
