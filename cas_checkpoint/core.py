@@ -160,7 +160,7 @@ class Core:
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]
         if encoded is not None:
-            self._remember_state(root, encoded)
+            self._remember_state(root, encoded, nodes)
         if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
             have = saved["skip"] or _Known(saved["lineage"])
@@ -295,11 +295,13 @@ class Core:
         return [(t, self.refs.decode(t, k, g)) for t, k, g in zip(threads, keys, got,
                                                                   strict=True)]
 
-    def _remember_state(self, root: str, data: bytes) -> None:
+    def _remember_state(self, root: str, data: bytes, nodes: Mapping[ObjectId, bytes]) -> None:
         """Keep a state's encoding by its root id (content-addressed: it cannot go stale), so a
         later load of that state decodes it in one pass."""
         if len(data) > STATE_CACHE_BYTES // 4:
             return
+        if self.objects.shared is not None:  # other store objects of this memory:// store
+            self.objects.shared.keep_state(root, data, frozenset(nodes))
         with self._memo_lock:
             if root not in self._states:
                 self._states_bytes += len(data)
@@ -316,6 +318,11 @@ class Core:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         with self._memo_lock:
             cached = self._states.get(record.root)
+        if cached is None and self.objects.shared is not None:
+            got = self.objects.shared.state(record.root)
+            if got is not None:  # saved by another store object: if this head holds its nodes
+                view.check(got[1])
+                cached = got[0]
         if cached is not None:
             return self._checkpoint(cid, thread_id, record,
                                     codec.decode(cached, types=self.types))

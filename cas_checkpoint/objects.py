@@ -69,6 +69,25 @@ def object_id(data: bytes | memoryview) -> ObjectId:
     return ObjectId(blake3.blake3(data).hexdigest())
 
 
+_SEEN: dict[int, tuple[bytes, ObjectId]] = {}  # id(bytes object) -> (it, its name)
+SEEN_MAX = 1024  # bytes objects remembered (a head's inline objects: at most a few KB each)
+
+
+def inline_id(data: bytes) -> ObjectId:
+    """``object_id`` of a head's inline object, remembered for the very same bytes object (it
+    is kept alive with its name, so its identity cannot be reused; bytes never change): a
+    thread's inline objects are carried from head to head and need hashing once."""
+    got = _SEEN.get(id(data))
+    if got is not None and got[0] is data:
+        return got[1]
+    oid = object_id(data)
+    if type(data) is bytes and len(data) <= 64 * 1024:
+        if len(_SEEN) >= SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[id(data)] = (data, oid)
+    return oid
+
+
 def is_object_id(text: object) -> bool:
     return isinstance(text, str) and _ID_RE.match(text) is not None
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from . import crypto, marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
-from .objects import Head, ObjectId, object_id
+from .objects import Head, ObjectId, inline_id, object_id
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import Sealing, Zstd, open_pack, pack_prefix
+from .shared import Shared
 
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
@@ -67,6 +68,7 @@ class Pack:
     index: dict[int, list[tuple[int, int]]]
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
+    known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
 
     def get(self, oid: str) -> bytes | None:
         locations = self.index.get(pack_prefix(oid))
@@ -97,8 +99,16 @@ class Pack:
         got = self._all
         if got is None:  # built whole, then published: another thread never sees a part of it
             got = {}
-            for locations in self.index.values():
-                for start, end in locations:
+            spans = [loc for locations in self.index.values() for loc in locations]
+            spans.sort()
+            index = self.index
+            if self.known and len(self.known) == len(spans) and all(  # packed here, in order
+                    span in index.get(pack_prefix(oid), ())
+                    for oid, span in zip(self.known, spans, strict=True)):
+                got = {oid: self.data[start:end] for oid, (start, end) in zip(
+                    self.known, spans, strict=True)}
+            else:
+                for start, end in spans:
                     obj = self.data[start:end]
                     got[object_id(obj)] = obj
             self._all = got
@@ -135,7 +145,7 @@ class View:
         self.store = store
         self.inline: dict[str, bytes] = {}
         for data in head.inline:
-            self.inline[object_id(data)] = data  # named by their hash: nothing to check
+            self.inline[inline_id(data)] = data  # named by their hash: nothing to check
         self._ids: frozenset[str] | None = None
 
     def get(self, oid: str) -> bytes:
@@ -161,6 +171,13 @@ class View:
 
     def get_many(self, oids: Iterable[str]) -> dict[str, bytes]:
         return {oid: self.get(oid) for oid in dict.fromkeys(oids)}
+
+    def check(self, oids: frozenset[str]) -> None:
+        """Raise (NotFoundError, IntegrityError) unless the head holds every object of
+        ``oids`` with bytes that hash to its id; only those not hashed yet in this process are
+        hashed now."""
+        for oid in oids.difference(self.inline, *(p.verified for p in self.packs)):
+            self.get(oid)
 
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""
@@ -195,6 +212,9 @@ class ObjectStore:
         self.keyring: crypto.Keyring | None = (  # an encrypted store's keys (crypto.py)
             backend.ring if isinstance(backend, crypto.SealedBackend) else None)
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
+        # packs shared by the store objects of one memory:// store (shared.py); never for an
+        # encrypted store (a store object without the key must not read what another opened)
+        self.shared: Shared | None = backend.shared if self.keyring is None else None
         self._settling = False  # a step is reading the settings now (see settle)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
@@ -314,22 +334,42 @@ class ObjectStore:
 
     # --- packs (steps: see ops.py) ---
 
-    def put_packs(self, packs: dict[ObjectId, bytes]) -> Step[None]:
+    def put_packs(self, packs: dict[ObjectId, bytes],
+                  contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None) -> Step[None]:
         """Write packs that are not there yet (each completely or not at all); writing one that
-        exists refreshes its modified time, for gc."""
+        exists refreshes its modified time, for gc. ``contents``: the ids of each pack's objects,
+        as this process hashed them when it made the pack (they need no hashing again)."""
         if not packs:
             return
         yield PutMany({pack_key(k): v for k, v in packs.items()})
-        self._remember_new(packs)
+        self._remember_new(packs, contents or {})
 
     def put_packs_now(self, packs: dict[ObjectId, bytes]) -> None:
         """``put_packs`` with the sync primitives (a local ref update's refresh, which runs
         inside the backend's own call)."""
         self.backend.put_many({pack_key(k): v for k, v in packs.items()})
 
-    def _remember_new(self, packs: dict[ObjectId, bytes]) -> None:
+    def _remember_new(self, packs: dict[ObjectId, bytes],
+                      contents: dict[ObjectId, tuple[ObjectId, ...]]) -> None:
         for pid, data in packs.items():
-            self._remember(self.parse(pid, data, trusted=True))
+            pack = self.parse(pid, data, trusted=True)
+            pack.known = contents.get(pid, ())
+            pack.verified.update(pack.known)
+            self._remember(pack)
+            if self.shared is not None:
+                self.shared.keep_pack(pid, data, pack)
+
+    def _parse_read(self, pid: str, data: bytes) -> Pack:
+        """A pack read from storage: the one parsed from the very same bytes in this process
+        (shared.py), or parsed (and hashed) now."""
+        shared = self.shared
+        if shared is None:
+            return self.parse(pid, data)
+        pack: Pack | None = shared.pack(pid, data)
+        if pack is None:
+            pack = self.parse(pid, data)
+            shared.keep_pack(pid, data, pack)
+        return pack
 
     def packs(self, pids: Iterable[str]) -> Step[dict[str, Pack]]:
         """Packs by id, verified; the ones not cached are read in one parallel round."""
@@ -354,7 +394,7 @@ class ObjectStore:
                         "checkpoints stored in it cannot be loaded. Run `cas-checkpoint verify` "
                         "to list the checkpoints affected."
                     )
-                out[pid] = pack = self.parse(pid, data)
+                out[pid] = pack = self._parse_read(pid, data)
                 self._remember(pack)
                 self._to_disk(pid, data)
         return out

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
-from .objects import Head, ObjectId, PackRef, object_id
+from .objects import Head, ObjectId, PackRef, inline_id, object_id
 from .packfile import Sealing, Zstd, encode_pack
 
 if TYPE_CHECKING:
@@ -61,9 +61,11 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
 
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
           inline_max: int = INLINE_MAX, compressor: Zstd | None = None,
-          sealer: Key | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
-    """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes)."""
-    inline: dict[ObjectId, bytes] = {object_id(d): d for d in head.inline}
+          sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None
+          ) -> tuple[Head, dict[ObjectId, bytes]]:
+    """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes).
+    ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes)."""
+    inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
     for oid, data in new.items():
         inline.setdefault(oid, data)
     if sum(len(d) for d in inline.values()) <= inline_max:
@@ -92,6 +94,8 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         written[ref.id] = data
         fresh[ref.id] = merged
         packs = packs[: len(packs) - len(group)] + [ref]
+    if contents is not None:
+        contents.update((pid, tuple(fresh[pid])) for pid in written)
     return _with(head, tuple(packs), ()), written
 
 

@@ -54,9 +54,25 @@ RETRIES = 64  # lost races in a row before giving up: 8 busy writers lose ~3 in 
 RACE_WAIT = 0.25  # cap of the random wait after a lost race, in seconds
 
 
+_KEYS: dict[str, str] = {}  # recent short thread ids (exactly str) -> their keys
+KEYS_MAX = 4096
+
+
 def thread_key(thread_id: str) -> str:
     """The ref key of a thread: base32 of its UTF-8 bytes, so no id can leave ``refs/heads``
     (``/``, ``..``, unicode are just bytes here) and case-insensitive disks cannot mix ids up."""
+    if type(thread_id) is str and len(thread_id) <= 256:
+        got = _KEYS.get(thread_id)
+        if got is None:
+            got = _thread_key(thread_id)
+            if len(_KEYS) >= KEYS_MAX:
+                _KEYS.clear()
+            _KEYS[thread_id] = got
+        return got
+    return _thread_key(thread_id)
+
+
+def _thread_key(thread_id: str) -> str:
     if not isinstance(thread_id, str):
         raise InvalidArgumentError(f"thread id must be a str, not {type(thread_id).__name__}")
     try:
@@ -163,14 +179,22 @@ class RefStore:
         if got is None:
             return None
         last = self._decoded.get(key)
+        shared = self.objects.shared
         if last is not None and last[0] == got[0]:  # the same bytes: the same (checked) head
             head = last[1]
+        elif shared is not None and (seen := shared.head(key, got[0])) is not None:
+            head = seen  # decoded (and checked) from the same bytes by another store object
+            if len(self._decoded) > 1024:
+                self._decoded.clear()
+            self._decoded[key] = (got[0], head)
         else:
             try:
                 head = Head.decode(got[0], key)
             except FormatError as exc:
                 raise FormatError(f"the ref {key} of thread {thread_id[:200]!r} is damaged: "
                                   f"{exc} (run `cas-checkpoint verify`)") from None
+            if shared is not None:
+                shared.keep_head(key, got[0], head)
             if len(self._decoded) > 1024:
                 self._decoded.clear()
             self._decoded[key] = (got[0], head)
@@ -348,8 +372,10 @@ class RefStore:
             new_head, new_objects = yield from change(ref)
             packs: dict[ObjectId, bytes] = {}
             if new_head is not None:
-                new_head, packs = yield from self._stage(new_head, new_objects)
-                yield from self.objects.put_packs(packs)  # packs before the ref that names them
+                contents: dict[ObjectId, tuple[ObjectId, ...]] = {}
+                new_head, packs = yield from self._stage(new_head, new_objects, contents)
+                # packs before the ref that names them
+                yield from self.objects.put_packs(packs, contents)
             try:
                 if new_head is None:
                     if ref is not None:
@@ -372,7 +398,8 @@ class RefStore:
             "writers on one thread at once. Retry later or spread the writers over threads."
         )
 
-    def _stage(self, head: Head, new: dict[ObjectId, bytes]
+    def _stage(self, head: Head, new: dict[ObjectId, bytes],
+               contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None
                ) -> Step[tuple[Head, dict[ObjectId, bytes]]]:
         """``packing.stage``, reading the packs a merge needs (those not cached) first."""
         fetched: dict[str, Pack] = {}
@@ -380,7 +407,7 @@ class RefStore:
         while True:
             try:  # (an encrypted store's compressor seals too: packfile.Sealing)
                 return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
-                                     self.inline_max, compressor)
+                                     self.inline_max, compressor, contents=contents)
             except NeedPacks as need:
                 got = yield from self.objects.packs(need.ids)
                 fetched.update(got)

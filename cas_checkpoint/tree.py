@@ -46,9 +46,8 @@ from __future__ import annotations
 
 import bisect
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fastcdc
@@ -74,6 +73,7 @@ from .shapes import (
     array_header,
     map_header,
 )
+from .treememo import Memo, _common_prefix, _Level, _same_groups, _SeqMemo
 
 __all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built", "Memo",
            "build", "load"]
@@ -97,15 +97,27 @@ MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remember
 WRITE_LENGTHS = True
 
 
-@dataclass(frozen=True, slots=True)
 class _Inline:
     """The top node of a split value, not written on its own: its parent names its children
     and joins them with a ``Span`` (one object and one 32-byte id fewer per save)."""
 
-    oid: ObjectId  # the id the node would have: boundaries are decided by it
-    shape: int
-    children: tuple[ObjectId, ...]
-    lengths: tuple[int, ...]  # of each child's part (items, pairs, characters or bytes)
+    __slots__ = ("_oid", "children", "lengths", "payload", "shape")
+
+    def __init__(self, payload: bytes, shape: int, children: tuple[ObjectId, ...],
+                 lengths: tuple[int, ...]) -> None:
+        self.payload = payload  # the node's payload (shape byte and lengths)
+        self.shape = shape
+        self.children = children
+        self.lengths = lengths  # of each child's part (items, pairs, characters or bytes)
+        self._oid: ObjectId | None = None
+
+    @property
+    def oid(self) -> ObjectId:
+        """The id the node would have (a list's boundaries are decided by it): hashed only
+        when asked, as the value of a dict (the common case) never asks."""
+        if self._oid is None:
+            self._oid = object_id(encode_node(self.payload, self.children))
+        return self._oid
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,56 +187,6 @@ def text_cuts(data: bytes | memoryview, utf8: bool) -> list[int]:
     if cuts[-1] != len(data):
         cuts.append(len(data))
     return cuts
-
-
-@dataclass(slots=True)
-class _SeqMemo:
-    """A split list as last built: its items' bytes, where each item ends, and its leaves."""
-
-    body: bytes  # the encoded items, without the array header
-    ends: list[int]  # end offset in ``body`` of each item
-    groups: list[tuple[int, ObjectId, bool]]  # (items up to, leaf id, closed by a cut)
-    leaves: dict[ObjectId, bytes]
-    group_ends: list[int]  # end offset in ``body`` of each group
-    target: int  # the leaf size the groups were cut for
-
-
-@dataclass(slots=True)
-class Memo:
-    """What recent builds computed, keyed by content, so that a save does not hash again what
-    did not change (``build(..., memo=)``). Content keys make it correct for any state: a list is
-    reused only up to the first byte where its encoding differs from the one remembered.
-    Bounded: it keeps the last ``SEQS`` split lists and ``INDEX`` index nodes."""
-
-    SEQS = 64
-    INDEX = 1 << 16
-    seqs: OrderedDict[bytes, _SeqMemo] = field(default_factory=OrderedDict)
-    index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes, int]] = field(
-        default_factory=OrderedDict)
-    hits: int = 0  # list items reused without being hashed again
-
-    def remember_seq(self, key: bytes, memo: _SeqMemo) -> None:
-        self.seqs[key] = memo
-        self.seqs.move_to_end(key)
-        while len(self.seqs) > self.SEQS:
-            self.seqs.popitem(last=False)
-
-
-def _common_prefix(a: bytes | memoryview, b: bytes | memoryview) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (memcmp in 4 KB blocks)."""
-    n, step, pos = min(len(a), len(b)), 4096, 0
-    while pos < n and a[pos:pos + step] == b[pos:pos + step]:
-        pos += step
-    if pos >= n:
-        return n
-    lo, hi = pos, min(n, pos + step)  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo if a[lo:lo + 1] != b[lo:lo + 1] else hi
 
 
 class _Builder:
@@ -297,7 +259,7 @@ class _Builder:
 
     def sequence(self, value: list[Any], data: bytes | memoryview, shape: int) -> _Inline:
         if self.memo is not None and len(data) <= MEMO_MAX:
-            got = self._sequence_memo(value, bytes(data), shape)
+            got = self._sequence_memo(value, data, shape)
             if got is not None:
                 return got
         unpacker = _scanner(data)
@@ -326,7 +288,8 @@ class _Builder:
             leaves += self._leaves(last, array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
 
-    def _sequence_memo(self, value: list[Any], data: bytes, shape: int) -> _Inline | None:
+    def _sequence_memo(self, value: list[Any], data: bytes | memoryview, shape: int
+                       ) -> _Inline | None:
         """``sequence`` for a list of small items, reusing the leaves of the remembered list
         whose encoding starts the same way (an append re-hashes only the new tail). For a long
         list the remembered leaves are its closed regions; the open region at its end is cut
@@ -335,28 +298,31 @@ class _Builder:
         assert memo is not None
         long = len(value) >= LONG_LIST
         target = LONG_LEAF_TARGET if long else LEAF_TARGET
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1)
-        unpacker.feed(data)
-        if unpacker.read_array_header() != len(value):
+        head = array_header(len(value))  # the codec writes the shortest header
+        if bytes(data[:len(head)]) != head:
             raise AssertionError("codec and msgpack disagree on a list's length")
-        hdr = unpacker.tell()
-        body = data[hdr:]
+        body = bytes(memoryview(data)[len(head):])  # the one copy (the memo keeps it)
         key = bytes([shape]) + body[:64]
         old = memo.seqs.get(key)
-        groups: list[tuple[int, ObjectId, bool]] = []
+        uptos: list[int] = []
+        ids: list[ObjectId] = []
+        closes: list[bool] = []
+        datas: list[bytes] = []
+        counts: list[int] = []
+        group_ends: list[int] = []
         ends: list[int] = []
-        leaves: dict[ObjectId, bytes] = {}
         start = 0
         if old is not None and old.target == target:
-            same = _common_prefix(body, old.body)
+            # (an append: the old items are a prefix of the new ones, one memcmp says so)
+            same = len(old.body) if body.startswith(old.body) else _common_prefix(body, old.body)
             # every group but perhaps the last was closed by a cut: keep those within the
             # common prefix
             k = bisect.bisect_right(old.group_ends, same)
-            if k and not old.groups[k - 1][2]:
+            if k and not old.closed[k - 1]:
                 k -= 1
-            groups = old.groups[:k]
-            leaves = {g[1]: old.leaves[g[1]] for g in groups}
-            start = groups[-1][0] if groups else 0
+            uptos, ids, closes = old.uptos[:k], old.ids[:k], old.closed[:k]
+            datas, counts, group_ends = old.datas[:k], old.counts[:k], old.group_ends[:k]
+            start = uptos[-1] if uptos else 0
             ends = old.ends[:start]
             memo.hits += start
         offset = ends[-1] if ends else 0
@@ -364,7 +330,7 @@ class _Builder:
         if any(type(v) in (list, tuple, dict, str, bytes) and _big_enough(v) for v in rest):
             return None  # a big item gets a subtree of its own: the plain path does that
         items: list[_Item] = []
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) + 1)
+        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) - offset + 1)
         unpacker.feed(body[offset:])
         pos = 0
         for _ in rest:
@@ -376,26 +342,27 @@ class _Builder:
             items.append((b"", raw, None))
             pos = end
             ends.append(offset + end)
+        # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
+        self.objects.update(zip(ids, datas, strict=True))
+        self.lengths.update(zip(ids, counts, strict=True))
         upto = start
         tail: list[ObjectId] = []
         for group in self._groups(items, target):
-            upto += len(group)
             closed = self._cuts(group[-1], target) or len(group) >= LEAF_MAX_ITEMS
             if long and not closed:  # the open region of a long list: small leaves
                 tail = self._leaves(group, array_header, LONG_TAIL_TARGET)
                 break
             leaf = self._leaf(group, array_header)
-            leaves[leaf] = self.objects[leaf]
-            groups.append((upto, leaf, closed))
-        for leaf, leaf_data in leaves.items():
-            self.objects[leaf] = leaf_data
-        before = 0
-        for upto, leaf, _ in groups:  # (a leaf's length is known from where its group ends)
-            self.lengths[leaf] = upto - before
-            before = upto
-        memo.remember_seq(key, _SeqMemo(body, ends, groups, leaves,
-                                        [ends[g[0] - 1] for g in groups], target))
-        return self._index([g[1] for g in groups] + tail, shape)
+            upto += len(group)
+            uptos.append(upto)
+            ids.append(leaf)
+            closes.append(closed)
+            datas.append(self.objects[leaf])
+            counts.append(len(group))
+            group_ends.append(ends[upto - 1])
+        memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
+                                        group_ends, target))
+        return self._index(ids + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
         unpacker = _scanner(data)
@@ -489,20 +456,43 @@ class _Builder:
         inner = LIST if shape in (LIST, TUPLE) else shape
         loose: list[list[ObjectId]] = []  # open groups, lowest level first
         depth = 0
+        # With a memo: the closed groups of each level that the level last built there starts
+        # with are the same nodes (a group's end depends only on its own children), so only
+        # what follows them is grouped and made again (an append: a few nodes).
+        memo = self.memo
+        key = (inner, self.counted, level[0]) if memo is not None and level else None
+        old = memo.levels.get(key) if memo is not None and key is not None else None
+        built: list[_Level] = []
         while len(level) > 1:
-            groups: list[list[ObjectId]] = []
+            prev = old[depth] if old is not None and depth < len(old) else None
+            k = _same_groups(level, prev) if prev is not None else 0
+            if prev is not None and k:
+                ends, ids = prev.ends[:k], prev.ids[:k]
+                datas, totals = prev.datas[:k], prev.totals[:k]
+                self.objects.update(zip(ids, datas, strict=True))
+                self.lengths.update(zip(ids, totals, strict=True))
+            else:
+                ends, ids, datas, totals = [], [], [], []
             group: list[ObjectId] = []
-            for child in level:
+            for at in range(ends[-1] if ends else 0, len(level)):
+                child = level[at]
                 group.append(child)
                 if len(group) >= INDEX_MIN and _closes(child, depth) or len(group) >= INDEX_MAX:
-                    groups.append(group)
+                    node = self.concat(inner, group)
+                    ends.append(at + 1)
+                    ids.append(node)
+                    datas.append(self.objects[node])
+                    totals.append(self.lengths[node])
                     group = []
             loose.append(group)
-            if not groups:
+            built.append(_Level(level, ends, ids, datas, totals))
+            if not ids:
                 level = []
                 break
-            level = [self.concat(inner, g) for g in groups]
+            level = ids
             depth += 1
+        if memo is not None and key is not None:
+            memo.remember_levels(key, built)
         spine = list(level)
         for at in range(len(loose) - 1, 0, -1):
             if at > 1 and len(loose[at]) > 1:
@@ -513,7 +503,7 @@ class _Builder:
             spine = [self.concat(inner, spine)]
         children = tuple(spine + (loose[0] if loose else []))
         payload, _ = self.concat_payload(shape, children)
-        return _Inline(object_id(encode_node(payload, children)), shape, children,
+        return _Inline(payload, shape, children,
                        tuple(self.lengths[c] for c in children))
 
 
@@ -545,7 +535,8 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
     builder = _Builder(types, memo)
     top = builder.subtree(value, data)
     root = top if isinstance(top, str) else builder.concat(top.shape, top.children)
-    distinct = sum(len(d) for d in builder.objects.values())
+    # (a state of at most 512 KB cannot trip this: skip the sum)
+    distinct = sum(map(len, builder.objects.values())) if len(data) > 1 << 19 else 0
     if len(data) > EXPANSION // 2 * distinct + (1 << 19):  # load allows twice as much
         raise SerializationError(
             f"cannot store the state: it repeats the same values more than {EXPANSION // 2} "

@@ -93,8 +93,8 @@ def trace_merges() -> set[str]:
     real = packing.stage
 
     def stage(head: Any, new: Any, read: Any, inline_max: int = packing.INLINE_MAX,
-              compressor: Any = None) -> Any:
-        staged, written = real(head, new, read, inline_max, compressor)
+              compressor: Any = None, **options: Any) -> Any:
+        staged, written = real(head, new, read, inline_max, compressor, **options)
         ids = {p.id for p in staged.packs if p.level > 0 and p.id in written}
         if ids:
             merged.update(ids)

@@ -463,3 +463,30 @@ def test_lying_lengths_are_refused() -> None:
     assert codec.decode(b"\xc7\x05\x10\x01\x00\x02\x02\x03", span=lambda *f: f) == (
         1, 0, 2, (2, 3))
     assert codec.encode_link(codec.Span(1, 0, 2, (2, 3))) == b"\xc7\x05\x10\x01\x00\x02\x02\x03"
+
+
+def test_an_append_hashes_and_groups_only_what_follows_the_unchanged_part(
+        monkeypatch: Any) -> None:
+    """With a memo, appending one item to a 2,000-item list hashes a few nodes and tests a few
+    index boundaries, not one per leaf (the same nodes as a build from scratch: see above)."""
+    items = [message(i) for i in range(2000)]
+    memo = tree.Memo()
+    tree.build({"messages": items}, memo=memo)
+    counts = {"closes": 0, "hashed": 0}
+    closes, object_id = tree._closes, tree.object_id
+
+    def counting_closes(child: Any, depth: int) -> bool:
+        counts["closes"] += 1
+        return closes(child, depth)
+
+    def counting_id(data: Any) -> Any:
+        counts["hashed"] += 1
+        return object_id(data)
+
+    monkeypatch.setattr(tree, "_closes", counting_closes)
+    monkeypatch.setattr(tree, "object_id", counting_id)
+    items.append(message(5000))
+    got = tree.build({"messages": items}, memo=memo)
+    assert counts["closes"] <= 4 * tree.INDEX_MAX and counts["hashed"] <= 12, counts
+    monkeypatch.undo()
+    assert got.objects == tree.build({"messages": items}).objects

@@ -54,6 +54,7 @@ class Backend(ABC):
 
     url: str
     concurrency: int = 16
+    shared: Any = None  # caches shared by store objects of this storage (``shared.py``)
 
     @abstractmethod
     def get(self, key: str) -> bytes:

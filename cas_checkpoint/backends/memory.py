@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import shared
 from ..errors import NotFoundError
 from .base import Backend, ObjectInfo, RefMismatch, T, _version
 
@@ -19,9 +20,13 @@ class MemoryBackend(Backend):
     _lock = threading.Lock()
 
     def __init__(self, fs: Any, root: str) -> None:
+        from fsspec.implementations.memory import MemoryFile  # (fsspec only for memory://)
+
+        self._file = MemoryFile
         self.fs = fs
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
+        self.shared = shared.for_store(fs, self.root)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -53,19 +58,26 @@ class MemoryBackend(Backend):
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
         with self._lock:
-            try:
-                data = self.get(key)
-            except NotFoundError:
+            f = self.fs.store.get(self._path(key))
+            if f is None:
                 return None
+            data = bytes(f.getbuffer())
         return data, _version(data)
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
                   refresh: Callable[[], None] | None = None) -> str:
+        path = self._path(key)
         with self._lock:
-            current = self.read_ref_unlocked(key)
+            f = self.fs.store.get(path)
+            current = None if f is None else _version(bytes(f.getbuffer()))
             if current != expected:
                 raise RefMismatch(key)
-            self.fs.pipe_file(self._path(key), bytes(data))
+            if f is not None and type(f) is self._file:
+                # A file replaced by another at the same path (its folders exist): what
+                # pipe_file ends with, without its checks of every parent folder.
+                self._file(self.fs, path, bytes(data)).commit()
+            else:
+                self.fs.pipe_file(path, bytes(data))
         return _version(data)
 
     def read_ref_unlocked(self, key: str) -> str | None:

@@ -1,0 +1,181 @@
+"""What store objects over one memory:// store share in this process (``shared.py``): packs
+parsed from the same bytes, heads decoded from the same bytes, states by root id. Never stale,
+never damaged, never across encrypted stores or other stores."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
+from cas_checkpoint import objstore as objstore_mod
+from cas_checkpoint import tree as tree_mod
+from cas_checkpoint.objects import Head
+from cas_checkpoint.objstore import ObjectStore, pack_key
+
+
+def _msg(i: int) -> dict[str, Any]:
+    rng = random.Random(i)
+    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
+            "id": i}
+
+
+def _url() -> str:
+    return f"memory://shared-{uuid.uuid4().hex[:12]}"
+
+
+def _thread(store: CheckpointStore, n: int = 60) -> tuple[dict[str, Any], list[str]]:
+    state: dict[str, Any] = {"messages": []}
+    ids = []
+    for i in range(n):
+        state["messages"].append(_msg(i))
+        ids.append(store.save("t", state).id)
+    head = store.refs.read("t").head
+    assert head.packs, "the thread should have packs"
+    return state, ids
+
+
+class _Counts:
+    """Counts packs parsed, heads decoded and states joined from nodes."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.parsed = self.heads = self.joined = 0
+        parse, decode, load = ObjectStore.parse, Head.decode, tree_mod.load
+
+        def counting_parse(obj: ObjectStore, *a: Any, **k: Any) -> Any:
+            self.parsed += 1
+            return parse(obj, *a, **k)
+
+        def counting_decode(*a: Any, **k: Any) -> Any:
+            self.heads += 1
+            return decode(*a, **k)
+
+        def counting_load(*a: Any, **k: Any) -> Any:
+            self.joined += 1
+            return load(*a, **k)
+
+        monkeypatch.setattr(ObjectStore, "parse", counting_parse)
+        monkeypatch.setattr(Head, "decode", staticmethod(counting_decode))
+        monkeypatch.setattr(tree_mod, "load", counting_load)
+
+
+def test_a_new_store_object_reuses_what_another_verified(monkeypatch: Any) -> None:
+    url = _url()
+    writer = CheckpointStore.open(url)
+    state, ids = _thread(writer)
+    first = CheckpointStore.open(url)
+    counts = _Counts(monkeypatch)
+    assert first.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
+    assert counts.parsed == 0  # the packs the writer wrote, parsed once in this process
+    assert counts.heads == 0  # the head the writer decoded
+    assert counts.joined == 0  # a state the writer saved: decoded in one pass
+    shared.STATES.clear()
+    second = CheckpointStore.open(url)
+    assert second.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
+    assert (counts.parsed, counts.heads, counts.joined) == (0, 0, 1)  # joined from its nodes
+
+
+def test_shared_packs_still_hash_each_object_once(monkeypatch: Any) -> None:
+    url = _url()
+    writer = CheckpointStore.open(url)
+    _, ids = _thread(writer)
+    inline = set(writer.refs.read("t").head.inline)  # (a view names these by hashing them)
+    hashed: list[int] = []
+    real = objstore_mod.object_id
+
+    def counting(data: Any) -> Any:
+        if bytes(data) not in inline:
+            hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(objstore_mod, "object_id", counting)
+    cid = ids[-3]
+    shared.PACKS.clear()  # as if another process had written them: nothing hashed here yet
+    shared.STATES.clear()
+    CheckpointStore.open(url).load("t", cid)
+    first = len(hashed)
+    assert first > 0  # the objects taken out of the packs were hashed...
+    CheckpointStore.open(url).load("t", cid)
+    assert len(hashed) == first  # ...once in this process, not once per store object
+    other = CheckpointStore.open(_url())
+    _, ids = _thread(other)
+    inline.update(other.refs.read("t").head.inline)
+    hashed.clear()
+    for cid in ids:
+        CheckpointStore.open(other.url).load("t", cid)
+    assert hashed == []  # what this process packed it hashed when it built the objects
+
+
+def test_a_damaged_pack_is_found_by_a_new_store_object() -> None:
+    url = _url()
+    writer = CheckpointStore.open(url)
+    _, ids = _thread(writer)
+    head = writer.refs.read("t").head
+    key = pack_key(head.packs[0].id)
+    data = bytearray(writer.backend.get(key))
+    data[-20] ^= 1
+    writer.backend.fs.pipe_file(writer.backend._path(key), bytes(data))
+    with pytest.raises(IntegrityError):
+        CheckpointStore.open(url).load("t", ids[0])
+    writer.backend.fs.rm_file(writer.backend._path(key))
+    with pytest.raises(NotFoundError):
+        CheckpointStore.open(url).load("t", ids[0])
+
+
+def test_a_store_made_again_under_the_same_name_is_read_afresh() -> None:
+    url = _url()
+    old = CheckpointStore.open(url)
+    _thread(old)
+    old.backend.fs.rm(old.backend.root, recursive=True)
+    new = CheckpointStore.open(url)
+    with pytest.raises(NotFoundError):
+        new.load("t")
+    state = {"messages": [_msg(1000 + i) for i in range(40)]}
+    new.save("t", state)
+    assert CheckpointStore.open(url).load("t").state == state
+
+
+def test_other_stores_and_encrypted_stores_share_nothing() -> None:
+    a, b = CheckpointStore.open(_url()), CheckpointStore.open(_url())
+    assert a.backend.shared is not b.backend.shared
+    assert CheckpointStore.open(a.url).backend.shared is a.backend.shared
+    key = Key.generate()
+    sealed = CheckpointStore.open(_url(), encryption=key)
+    _thread(sealed, 30)
+    assert sealed._core.objects.shared is None
+    assert CheckpointStore.open(sealed.url, encryption=key).load("t").state["messages"]
+
+
+def test_the_shared_caches_are_bounded() -> None:
+    lru = shared._LRU(1000)
+    for i in range(50):
+        lru.put(i, b"x" * 100, 100)
+    assert lru.bytes <= 1000 and len(lru.items) == 10
+    assert lru.get(0) is None and lru.get(49) is not None
+    lru.put("big", b"x" * 2000, 2000)  # bigger than the whole budget: not kept
+    assert lru.get("big") is None and lru.bytes <= 1000
+
+
+def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypatch: Any
+                                                                       ) -> None:
+    store = CheckpointStore.open(_url())
+    store.refs.inline_max = 600  # a pack nearly every save, a merge every few
+    hashed: list[int] = []
+    real = objstore_mod.object_id
+
+    def counting(data: Any) -> Any:
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(objstore_mod, "object_id", counting)
+    state: dict[str, Any] = {"messages": []}
+    for i in range(80):
+        state["messages"].append(_msg(i))
+        store.save("t", state)
+    assert len(store.refs.read("t").head.packs) > 1
+    assert hashed == []  # each object's id is known from when it was packed
+    monkeypatch.undo()
+    assert CheckpointStore.open(store.url).verify().ok
