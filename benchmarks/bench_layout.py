@@ -34,7 +34,10 @@ body is read; requests sent together by a gather all start before any reply, so 
 round. Times are wall-clock ms on loopback: moto's own work, not network latency. On a real
 region add one round trip (~10-30 ms) per round.
 
-    python benchmarks/bench_layout.py [--sizes 100,1000,10000] [--quick]
+    python benchmarks/bench_layout.py [--sizes 100,1000,10000] [--quick] [--only local,memory]
+
+``--only`` runs some sections alone (``s3``, ``local``, ``memory``, ``big``, ``gc``; all by
+default): ``--only local`` prints section 2 in a few seconds.
 """
 
 from __future__ import annotations
@@ -456,12 +459,20 @@ def versions() -> str:
             f"aiobotocore {v('aiobotocore')}, moto {v('moto')}")
 
 
+SECTIONS = ("s3", "local", "memory", "big", "gc")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,10000", help="S3 thread sizes (messages)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run (< 60 s)")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run, of {','.join(SECTIONS)} (all)")
     args = ap.parse_args()
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if only - set(SECTIONS):
+        ap.error(f"unknown section(s) {sorted(only - set(SECTIONS))}; choose from {SECTIONS}")
     quick = args.quick
     sizes = [100, 300] if quick else [int(s) for s in args.sizes.split(",")]
     t_start = time.perf_counter()
@@ -470,27 +481,33 @@ def main() -> None:
     print(f"message ~400 B ({len(codec.encode(states(1)[0]))} B encoded); one appended per save"
           + ("; QUICK run (small sizes)" if quick else ""))
 
-    rows, notes = s3_section(sizes, 5 if quick else 20)
-    print("\n1. S3, moto server on 127.0.0.1: HTTP requests, sequential rounds, ms on loopback")
-    print(table(["messages", "operation", "requests", "rounds", "ms", "requests by kind"],
-                rows))
-    for note in notes:
-        print("   " + note)
+    if "s3" in only:
+        rows, notes = s3_section(sizes, 5 if quick else 20)
+        print("\n1. S3, moto server on 127.0.0.1: HTTP requests, sequential rounds, ms on loopback")
+        print(table(["messages", "operation", "requests", "rounds", "ms", "requests by kind"],
+                    rows))
+        for note in notes:
+            print("   " + note)
 
     k = 10 if quick else 50
-    print("\n2-3. local disk and memory:// beside LangGraph's savers (median ms; ratio = "
-          "cas / LangGraph, < 1 is faster)")
-    local = [r for n in ([100] if quick else [100, 1000]) for r in local_rows(n, k)]
-    print(table(["operation", "cas_checkpoint", "LangGraph", "ratio"], local + memory_rows(k)))
+    if only & {"local", "memory"}:
+        print("\n2-3. local disk and memory:// beside LangGraph's savers (median ms; ratio = "
+              "cas / LangGraph, < 1 is faster)")
+        local = ([r for n in ([100] if quick else [100, 1000]) for r in local_rows(n, k)]
+                 if "local" in only else [])
+        mem = memory_rows(k) if "memory" in only else []
+        print(table(["operation", "cas_checkpoint", "LangGraph", "ratio"], local + mem))
 
-    print("\n4. big values")
-    print(table(["what", "result"], big_rows(200 if quick else 1100)))
+    if "big" in only:
+        print("\n4. big values")
+        print(table(["what", "result"], big_rows(200 if quick else 1100)))
 
-    gc_row, gc_note = s3_gc(200 if quick else 2000)
-    print("\n5. gc on S3 (grace 1 s, after a 2.2 s pause: every unnamed pack is old enough)")
-    print(table(["store", "packs", "named", "deleted", "requests in rounds",
-                 "requests (botocore)", "seconds"], [gc_row]))
-    print("   " + gc_note)
+    if "gc" in only:
+        gc_row, gc_note = s3_gc(200 if quick else 2000)
+        print("\n5. gc on S3 (grace 1 s, after a 2.2 s pause: every unnamed pack is old enough)")
+        print(table(["store", "packs", "named", "deleted", "requests in rounds",
+                     "requests (botocore)", "seconds"], [gc_row]))
+        print("   " + gc_note)
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
 
 
