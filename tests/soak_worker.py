@@ -78,7 +78,12 @@ def hang_in_ref(store: CheckpointStore, cfg: dict[str, Any]) -> None:
             time.sleep(3600)
         real(src, dst)
 
+    def write_slot(*_: Any) -> None:  # a steady update writes into the ref's free slot
+        out("locked")
+        time.sleep(3600)
+
     backend.os.replace = replace  # type: ignore[assignment]
+    backend.LocalBackend._write_slot = staticmethod(write_slot)  # type: ignore[method-assign]
     store.save(cfg["thread"], make_state(99, 0))
     out("done")
 

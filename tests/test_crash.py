@@ -265,25 +265,30 @@ def test_failure_between_write_steps_leaves_only_garbage(
 
 def test_failure_inside_local_writes_leaves_no_partial_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On disk, fail inside the object write (link) and inside the ref update (replace): the
-    temp files left behind are never listed or read as objects or refs."""
+    """On disk, fail inside the object write (link) and inside the ref update (the write of
+    the ref's free slot or its flush; the rename of a new ref): the temp files and the torn
+    slots left behind are never listed or read as objects or refs."""
     store = CheckpointStore.open(str(tmp_path / "store"))
     first = store.save("t", make_state(0, 0))
     import cas_checkpoint.backends.local as backend
 
-    for target in ("link", "replace"):
-        real = getattr(os, target)
+    for target in ("link", "replace", "pwrite", "_datasync"):
+        owner = backend if target.startswith("_") else backend.os
+        real = getattr(owner, target)
 
         def boom(*args: Any, **kw: Any) -> None:
             raise OSError(errno.EIO, "injected")
 
+        # a steady save updates its ref in place; a new thread's ref is renamed into place
+        thread = "new" if target == "replace" else "t"
         with monkeypatch.context() as m:
-            m.setattr(backend.os, target, boom)
+            m.setattr(owner, target, boom)
             with pytest.raises(StorageError):
-                store.save("t", make_state(0, 1, pad=10000))
-        assert getattr(os, target) is real
+                store.save(thread, make_state(0, 1, pad=10000))
+        assert getattr(owner, target) is real
         fresh = CheckpointStore.open(store.url)
         assert fresh.head("t") == first.id
+        assert fresh.threads() == ["t"]
         _all_objects_whole(fresh)
         check_store(fresh, [("t", first.id)])
     leftovers = [p.name for p in Path(store.url).rglob("*.tmp-*")]

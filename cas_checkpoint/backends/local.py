@@ -1,6 +1,9 @@
 """A local directory: plain ``os`` calls. Objects: temp file + fsync + ``os.link`` (create if
-absent); refs: temp file + ``os.replace`` under an ``flock`` per ref, which the kernel releases
-when a holder dies. The async face runs these calls on a small thread pool (``base.py``)."""
+absent); refs: under an ``flock`` per ref, which the kernel releases when a holder dies, a
+``pwrite`` + ``fdatasync`` into the free slot of a two-slot ref file (``slots.py`` says why that
+is as strong as a temp file + fsync + ``os.replace`` + folder fsync, which a new ref, an old
+one-piece ref or a head that outgrew its slot still get). The async face runs these calls on a
+small thread pool (``base.py``)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
-from ..errors import FormatError, NotFoundError, StorageError
+from ..errors import FormatError, IntegrityError, NotFoundError, StorageError
+from . import slots
 from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
 
 try:
@@ -23,6 +27,9 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, at most
 REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
+_datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
+MAX_REF_FILE = slots.max_file(MAX_REF_BYTES)  # a ref file larger than this is refused unread
+TORN_READS = 100  # a reader that keeps finding no valid slot in changing bytes gives up then
 
 
 class LocalBackend(Backend):
@@ -151,35 +158,75 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise StorageError(f"cannot write objects in {self.root}: {exc}") from exc
 
+    def _read_file(self, key: str, fd: int) -> bytes:
+        """The bytes of an open ref file, refused by its size first."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f"ref {key} in {self.root} is not a regular file; run "
+                               "`cas-checkpoint verify`")
+        if st.st_size > MAX_REF_FILE:
+            raise FormatError(f"ref {key} in {self.root} is {st.st_size} bytes, larger than "
+                              f"any valid ref ({MAX_REF_FILE}); it is corrupt or hostile")
+        parts, got, at = [], 0, 0
+        while chunk := os.pread(fd, max(st.st_size - at, 1 << 16), at):
+            parts.append(chunk)
+            got += len(chunk)
+            at += len(chunk)
+            if got > MAX_REF_FILE:
+                raise FormatError(f"ref {key} in {self.root} grew past {MAX_REF_FILE} "
+                                  "bytes while being read")
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _head_of(self, key: str, data: bytes) -> tuple[bytes, slots.Live | None] | None:
+        """(head, live slot) of a ref file's bytes: a one-piece ref is its head (no slot);
+        None for a slotted file with no valid slot (being written, or damaged)."""
+        if not slots.is_slotted(data):
+            if len(data) > MAX_REF_BYTES:
+                raise FormatError(f"ref {key} in {self.root} is {len(data)} bytes, larger than "
+                                  f"any valid ref ({MAX_REF_BYTES}); it is corrupt or hostile")
+            return data, None
+        try:
+            got = slots.live(data)
+        except ValueError as exc:
+            raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; run "
+                              "`cas-checkpoint verify`") from None
+        if got is None:
+            return None
+        if len(got.head) > MAX_REF_BYTES:
+            raise FormatError(f"ref {key} in {self.root} holds a head of {len(got.head)} "
+                              f"bytes, larger than any valid ref ({MAX_REF_BYTES})")
+        return got.head, got
+
+    def _no_slot(self, key: str) -> IntegrityError:
+        return IntegrityError("a valid slot", "none", f"ref {key} in {self.root} (both slots "
+                              "fail their checksums: the file is damaged; run "
+                              "`cas-checkpoint verify`)")
+
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
         path = self._path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StorageError(f"cannot read ref {key} in {self.root}: {exc}; a ref must be a "
-                               "regular file (run `cas-checkpoint verify`)") from exc
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StorageError(f"ref {key} in {self.root} is not a regular file; run "
-                                   "`cas-checkpoint verify`")
-            if st.st_size > MAX_REF_BYTES:
-                raise FormatError(f"ref {key} in {self.root} is {st.st_size} bytes, larger than "
-                                  f"any valid ref ({MAX_REF_BYTES}); it is corrupt or hostile")
-            parts = []
-            while chunk := os.read(fd, 1 << 20):
-                parts.append(chunk)
-                if sum(map(len, parts)) > MAX_REF_BYTES:
-                    raise FormatError(f"ref {key} in {self.root} grew past {MAX_REF_BYTES} "
-                                      "bytes while being read")
-        except OSError as exc:
-            raise StorageError(f"cannot read ref {key} in {self.root}: {exc}") from exc
-        finally:
-            os.close(fd)
-        data = b"".join(parts)
-        return data, _version(data)
+        last = None
+        for _ in range(TORN_READS):
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise StorageError(f"cannot read ref {key} in {self.root}: {exc}; a ref must "
+                                   "be a regular file (run `cas-checkpoint verify`)") from exc
+            try:
+                data = self._read_file(key, fd)
+            except OSError as exc:
+                raise StorageError(f"cannot read ref {key} in {self.root}: {exc}") from exc
+            finally:
+                os.close(fd)
+            got = self._head_of(key, data)
+            if got is not None:
+                return got[0], _version(got[0])
+            if data == last:  # the same bytes twice, and no valid slot: damaged, not torn
+                break
+            last = data  # read while a writer was rewriting it: read again
+            time.sleep(0.0005)
+        raise self._no_slot(key)
 
     @contextmanager
     def _locked(self, path: str) -> Iterator[float]:
@@ -213,20 +260,61 @@ class LocalBackend(Backend):
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
                   refresh: Callable[[], None] | None = None) -> str:
+        """Compare-and-swap under the ref's lock: the head is re-read under it and compared
+        with ``expected``; then the new head goes into the free slot (one ``fdatasync``), or
+        the ref is written whole (temp file, fsync, rename, folder fsync; see ``slots.py``)."""
         path = self._path(key)
         try:
             with self._locked(path) as waited:
                 if refresh is not None and waited > REFRESH_WAIT:
                     refresh()  # a gc may have run while we waited: re-put what the ref names
-                current = self.read_ref(key)
-                if (current[1] if current else None) != expected:
-                    raise RefMismatch(key)
-                tmp = self._write_tmp(path, data)
+                try:
+                    fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+                except FileNotFoundError:
+                    fd = -1
+                try:
+                    current = None
+                    if fd >= 0:
+                        current = self._head_of(key, self._read_file(key, fd))
+                        if current is None:  # no writer but us: it is damaged
+                            raise self._no_slot(key)
+                    if (_version(current[0]) if current else None) != expected:
+                        raise RefMismatch(key)
+                    live = current[1] if current else None
+                    if live is not None and slots.fits(live.slot, len(data)):
+                        self._write_slot(fd, live, data)
+                        return _version(data)
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+                seq = live.seq + 1 if live is not None else 1
+                tmp = self._write_tmp(path, slots.new_file(seq, data))
                 os.replace(tmp, path)
                 self._fsync_dir(os.path.dirname(path))
         except OSError as exc:
             raise StorageError(f"cannot update ref {key} in {self.root}: {exc}") from exc
         return _version(data)
+
+    @staticmethod
+    def _write_slot(fd: int, live: slots.Live, head: bytes) -> None:
+        """Write ``head`` into the slot that is not live, flush it, then retire the old one."""
+        view = memoryview(slots.encode_slot(live.seq + 1, head))
+        start = at = (1 - live.index) * live.slot
+        try:
+            while view:
+                done = os.pwrite(fd, view, at)
+                view, at = view[done:], at + done
+            _datasync(fd)  # the file's size is unchanged: this makes the new slot durable
+        except BaseException:
+            # Not acknowledged, so not visible either: retire the new slot again (best
+            # effort; the old one is still valid and, if this fails too, only has a lower seq)
+            with suppress(OSError):
+                os.pwrite(fd, bytes(32), start + slots.CHECKSUM_AT)
+            raise
+        # After that (not before), retire the old slot: a ref at rest has one valid slot, so a
+        # damaged one is an error, not a step back. Unflushed: if lost, the old slot is valid
+        # but has the lower seq.
+        os.pwrite(fd, bytes(32), live.index * live.slot + slots.CHECKSUM_AT)
 
     def delete_ref(self, key: str, expected: str) -> None:
         path = self._path(key)

@@ -1,0 +1,163 @@
+"""Local refs as two slots in one file (backends/slots.py): one flush per steady update, old
+one-piece refs still read and converted, torn and damaged slots never read as heads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cas_checkpoint.backends.local as local
+from cas_checkpoint import CheckpointStore, FormatError, IntegrityError
+from cas_checkpoint.backends import slots
+from cas_checkpoint.refs import thread_key
+
+
+def _path(store: CheckpointStore, thread: str) -> str:
+    return os.path.join(store.url, *thread_key(thread).split("/"))
+
+
+def _flushes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    counts = {"fsync": 0, "fdatasync": 0}
+
+    def fsync(fd: int) -> None:
+        counts["fsync"] += 1
+        real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        counts["fdatasync"] += 1
+        real_datasync(fd)
+
+    real_fsync, real_datasync = os.fsync, local._datasync
+    monkeypatch.setattr(local.os, "fsync", fsync)
+    monkeypatch.setattr(local, "_datasync", fdatasync)
+    return counts
+
+
+def test_a_steady_save_flushes_once_and_a_new_ref_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("warm", {"a": 0})  # the folders exist
+    counts = _flushes(monkeypatch)
+    store.save("t", {"a": 1})  # a new ref: temp file, fsync, rename, folder fsync
+    assert counts == {"fsync": 2, "fdatasync": 0}
+    for i in range(2, 12):
+        counts.update(fsync=0, fdatasync=0)
+        store.save("t", {"a": i})  # fits in the ref: its free slot, one flush
+        assert counts == {"fsync": 0, "fdatasync": 1}
+    assert CheckpointStore.open(store.url).load("t").state == {"a": 11}
+    assert len(store.history("t")) == 11
+
+
+def test_a_ref_at_rest_has_one_valid_slot_and_slots_alternate(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    seen = []
+    for i in range(4):
+        store.save("t", {"a": i})
+        data = Path(_path(store, "t")).read_bytes()
+        live = slots.live(data)
+        assert live is not None
+        seen.append(live.index)
+        other = data[(1 - live.index) * live.slot:][:slots.HEADER]
+        assert other[slots.CHECKSUM_AT:] == bytes(32)  # retired (or never written)
+    assert seen == [0, 1, 0, 1]
+
+
+def test_a_one_piece_ref_of_an_older_version_is_read_and_converted(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    path = _path(store, "t")
+    got = store.backend.read_ref(thread_key("t"))
+    assert got is not None
+    Path(path).write_bytes(got[0])  # what every version before slotted refs wrote
+    fresh = CheckpointStore.open(store.url)
+    assert fresh.load("t").state == {"a": 1}
+    assert fresh.backend.read_ref(thread_key("t")) == got  # the same version token
+    fresh.save("t", {"a": 2})
+    assert slots.is_slotted(Path(path).read_bytes())
+    assert [h.step for h in CheckpointStore.open(store.url).history("t")] == [1, 0]
+
+
+def test_a_torn_free_slot_is_never_read_and_is_overwritten(tmp_path: Path) -> None:
+    """What a writer killed (or a power loss) in the middle of a slot write leaves."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    first = store.save("t", {"a": 1})
+    path = _path(store, "t")
+    data = bytearray(Path(path).read_bytes())
+    live = slots.live(bytes(data))
+    assert live is not None
+    torn = slots.encode_slot(live.seq + 1, b"CASH" + os.urandom(500))[:300]  # a part of one
+    at = (1 - live.index) * live.slot
+    data[at:at + len(torn)] = torn
+    Path(path).write_bytes(bytes(data))
+    fresh = CheckpointStore.open(store.url)
+    assert fresh.head("t") == first.id
+    second = fresh.save("t", {"a": 2})
+    assert [h.id for h in CheckpointStore.open(store.url).history("t")] == [second.id, first.id]
+
+
+def test_a_higher_seq_wins_when_the_retire_was_lost(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    old = Path(_path(store, "t")).read_bytes()
+    second = store.save("t", {"a": 2})
+    data = bytearray(Path(_path(store, "t")).read_bytes())
+    live = slots.live(bytes(data))
+    assert live is not None
+    stale = 1 - live.index
+    data[stale * live.slot:(stale + 1) * live.slot] = old[:live.slot]  # un-retired
+    Path(_path(store, "t")).write_bytes(bytes(data))
+    assert CheckpointStore.open(store.url).head("t") == second.id
+
+
+def test_a_damaged_slotted_ref_is_an_error_not_an_older_head(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    store.save("t", {"a": 2})
+    path = _path(store, "t")
+    data = bytearray(Path(path).read_bytes())
+    live = slots.live(bytes(data))
+    assert live is not None
+    data[live.index * live.slot + slots.HEADER + 10] ^= 1
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="both slots"):
+        CheckpointStore.open(store.url).load("t")
+    with pytest.raises(IntegrityError):  # and a writer does not write over it
+        CheckpointStore.open(store.url).save("t", {"a": 3})
+    Path(path).write_bytes(bytes(data[:5000]))  # a slotted file cut short
+    with pytest.raises(FormatError, match="damaged"):
+        CheckpointStore.open(store.url).load("t")
+
+
+def test_a_head_that_outgrows_its_slot_is_written_whole(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    size = os.path.getsize(_path(store, "t"))
+    counts = _flushes(monkeypatch)
+    labels = []
+    for i in range(40):  # long labels, kept in the head's recent log entries
+        labels.append("x" * 900 + str(i))
+        store.save("t", {"a": i}, label=labels[-1])
+    assert os.path.getsize(_path(store, "t")) > size
+    assert counts["fsync"] >= 2  # rewritten whole at least once
+    fresh = CheckpointStore.open(store.url)
+    assert [h.label for h in fresh.history("t")][:40] == labels[::-1]
+
+
+def test_slots_unit() -> None:
+    head = b"CASH" + bytes(range(256)) * 3
+    data = slots.new_file(7, head)
+    assert len(data) % (2 * slots.BLOCK) == 0 and slots.is_slotted(data)
+    live = slots.live(data)
+    assert live is not None and (live.index, live.seq, live.head) == (0, 7, head)
+    assert slots.live(bytes(len(data)) ) is None
+    with pytest.raises(ValueError):
+        slots.live(data[:-1])
+    broken: Any = bytearray(data)
+    broken[slots.HEADER - 1] ^= 1  # the checksum
+    assert slots.live(bytes(broken)) is None
+    assert not slots.fits(slots.BLOCK, slots.BLOCK)
+    assert slots.fits(slots.BLOCK, 100) and not slots.fits(64 * slots.BLOCK, 100)
