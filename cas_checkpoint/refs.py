@@ -384,6 +384,9 @@ class RefStore:
                 data = new_head.encode()
                 refresh = (partial(self.objects.put_packs_now, packs) if packs else None)
                 version = yield WriteRef(key, data, ref.version if ref else None, refresh)
+                if len(self._decoded) > 1024:
+                    self._decoded.clear()
+                self._decoded[key] = (data, new_head)  # a read of what we wrote: not decoded
                 return Ref(new_head, version)
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)

@@ -153,7 +153,7 @@ def test_slots_unit() -> None:
     assert len(data) % (2 * slots.BLOCK) == 0 and slots.is_slotted(data)
     live = slots.live(data)
     assert live is not None and (live.index, live.seq, live.head) == (0, 7, head)
-    assert slots.live(bytes(len(data)) ) is None
+    assert slots.live(bytes(len(data))) is None
     with pytest.raises(ValueError):
         slots.live(data[:-1])
     broken: Any = bytearray(data)
@@ -161,3 +161,20 @@ def test_slots_unit() -> None:
     assert slots.live(bytes(broken)) is None
     assert not slots.fits(slots.BLOCK, slots.BLOCK)
     assert slots.fits(slots.BLOCK, 100) and not slots.fits(64 * slots.BLOCK, 100)
+
+
+def test_the_head_a_save_remembers_is_the_one_a_read_decodes(tmp_path: Path) -> None:
+    """A save keeps the head it wrote as the decoded form of the bytes it wrote (a load that
+    follows does not decode them again): it must be exactly what decoding them gives."""
+    from cas_checkpoint.objects import Head
+
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    key = thread_key("t")
+    for i in range(40):  # inline objects, flushes into packs, log segments, labels, metadata
+        store.save("t", {"messages": [{"i": j, "x": "y" * 300} for j in range(i * 3)]},
+                   label=f"l{i}" if i % 5 == 0 else None, tags=["a"] if i % 2 else (),
+                   metadata={"i": i})
+        data, head = store.refs._decoded[key]
+        assert head == Head.decode(data, key), i
+        got = store.backend.read_ref(key)
+        assert got is not None and got[0] == data
