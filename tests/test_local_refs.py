@@ -178,3 +178,11 @@ def test_the_head_a_save_remembers_is_the_one_a_read_decodes(tmp_path: Path) -> 
         assert head == Head.decode(data, key), i
         got = store.backend.read_ref(key)
         assert got is not None and got[0] == data
+
+
+def test_an_empty_ref_file_is_a_format_error(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    Path(_path(store, "t")).write_bytes(b"")
+    with pytest.raises(FormatError):
+        CheckpointStore.open(store.url).load("t")

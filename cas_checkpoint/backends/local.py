@@ -167,15 +167,13 @@ class LocalBackend(Backend):
         if st.st_size > MAX_REF_FILE:
             raise FormatError(f"ref {key} in {self.root} is {st.st_size} bytes, larger than "
                               f"any valid ref ({MAX_REF_FILE}); it is corrupt or hostile")
-        parts, got, at = [], 0, 0
-        while chunk := os.pread(fd, max(st.st_size - at, 1 << 16), at):
+        # Its size as fstat saw it: a ref file never changes size in place (a new one is
+        # renamed over it, and this fd keeps the one it opened), so no read to the end follows.
+        parts, at = [], 0
+        while at < st.st_size and (chunk := os.pread(fd, st.st_size - at, at)):
             parts.append(chunk)
-            got += len(chunk)
             at += len(chunk)
-            if got > MAX_REF_FILE:
-                raise FormatError(f"ref {key} in {self.root} grew past {MAX_REF_FILE} "
-                                  "bytes while being read")
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # (b"" for an empty file)
 
     def _head_of(self, key: str, data: bytes) -> tuple[bytes, slots.Live | None] | None:
         """(head, live slot) of a ref file's bytes: a one-piece ref is its head (no slot);
