@@ -558,7 +558,9 @@ def test_stats_by_thread(store: CheckpointStore) -> None:
     for thread, got in st.by_thread.items():
         history = store.history(thread)
         state_now = store.load(thread).state
-        head = Head.decode(store.backend.get(thread_key(thread)))
+        ref = store.backend.read_ref(thread_key(thread))  # (a local ref file holds slots)
+        assert ref is not None
+        head = Head.decode(ref[0])
         physical = refs[thread_key(thread)] + sum(
             packs[f"packs/{p.id[:2]}/{p.id[2:]}"] for p in head.packs)
         assert got == ThreadStats(
