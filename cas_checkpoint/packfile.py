@@ -32,6 +32,7 @@ SHORT, ZSTD, ENCRYPTED = 1, 2, 4  # flag bits
 MAX_RATIO = 64  # a compressed body may expand to at most this many times its size...
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
+SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on first
 LEVELS = range(1, 20)  # zstd levels a store may use
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
@@ -57,6 +58,13 @@ class Zstd:
 
             ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
                                                             write_content_size=True)
+        if len(body) > 4 * SAMPLE:  # try three pieces first: an incompressible body (a big
+            # random value) costs neither the time nor a second copy of itself
+            n, mid = len(body), len(body) // 2
+            view = memoryview(body)
+            sample = b"".join((view[:SAMPLE], view[mid:mid + SAMPLE], view[n - SAMPLE:]))
+            if len(ctx.compress(sample)) > PAYS * len(sample):
+                return None
         out: bytes = ctx.compress(body)
         if len(out) > PAYS * len(body) or len(body) > max(SMALL_BODY, MAX_RATIO * len(out)):
             return None

@@ -269,3 +269,32 @@ def test_damaged_frame_headers_never_reach_an_allocation() -> None:
             open_pack(bytes(raw))
         except FormatError:
             pass
+
+
+def test_a_big_incompressible_body_is_tried_on_a_sample_only() -> None:
+    """A body over 256 KB is tried on three 64 KB pieces first: random bytes are stored plain
+    without compressing the whole body (no second copy of a big value); text still shrinks."""
+    import random
+
+    import zstandard
+
+    z = Zstd(3)
+    seen: list[int] = []
+    real = zstandard.ZstdCompressor
+
+    class Spy(real):  # type: ignore[misc, valid-type]
+        def compress(self, data: Any) -> bytes:
+            seen.append(len(data))
+            return super().compress(data)
+
+    zstandard.ZstdCompressor = Spy  # type: ignore[misc]
+    try:
+        assert z.compress(random.Random(1).randbytes(4 << 20)) is None
+        assert seen == [3 << 16]  # the sample, never the 4 MB body
+        rng = random.Random(2)
+        words = [bytes(rng.choices(b"abcdefghijklmnop", k=rng.randint(2, 9))) for _ in range(5000)]
+        text = b" ".join(rng.choices(words, k=600_000))
+        out = z.compress(text)
+        assert out is not None and len(out) * 2 < len(text)
+    finally:
+        zstandard.ZstdCompressor = real  # type: ignore[misc]
