@@ -110,7 +110,7 @@ class Core:
         with self._memo_lock:
             built = tree.build(state, self.types, self._memo)  # raises before writing anything
         root, size, nodes = built.root, built.size, built.objects
-        encoded = built.data if size <= STATE_CACHE_BYTES // 4 else None
+        encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
         del built  # a big state's encoding is not kept while its packs are written
         # A small root node goes inside the record instead of into an object of its own.
         root_node = nodes[root]

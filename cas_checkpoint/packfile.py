@@ -47,6 +47,11 @@ class Zstd:
         self.level = level
         self._mine = threading.local()  # a zstd context is not thread-safe: one per thread
 
+    @property
+    def compresses(self) -> bool:
+        """Whether ``compress`` may compress (else it always gives None)."""
+        return True
+
     def compress(self, body: bytes) -> bytes | None:
         """The compressed body, or None when it does not pay or would read as a bomb."""
         if len(body) < 64:
@@ -73,6 +78,10 @@ class Sealing(Zstd):
         self.inner = inner
         self.key = key
 
+    @property
+    def compresses(self) -> bool:
+        return self.inner is not None
+
     def compress(self, body: bytes) -> bytes | None:
         return None if self.inner is None else self.inner.compress(body)
 
@@ -86,11 +95,14 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
     short = max(lengths, default=0) < 1 << 16
     prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
     sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    body = b"".join(objects.values())
-    packed = compressor.compress(body) if compressor is not None else None
+    packed = None
+    if compressor is not None and compressor.compresses:
+        packed = compressor.compress(b"".join(objects.values()))
     flags = (SHORT if short else 0) | (ZSTD if packed is not None else 0)
     head = _HEADERS[PACK] + bytes([flags]) + struct.pack(">I", len(objects))
-    return b"".join([head, prefixes, sizes, body if packed is None else packed])
+    # one join (a big body is copied once, into the pack)
+    return b"".join([head, prefixes, sizes, *((packed,) if packed is not None else
+                                              objects.values())])
 
 
 def _decompress(data: memoryview, start: int, size: int) -> bytes:
