@@ -320,11 +320,11 @@ class Core:
                                     codec.decode(cached, types=self.types))
         inline = record.root_node
 
-        def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
             if inline is None:
-                return view.get_many(oids)
+                return view.get_views(oids)
             # the root is in the record (its hash covers it): read only the nodes under it
-            out = view.get_many(o for o in oids if o != record.root)
+            out = view.get_views(o for o in oids if o != record.root)
             if record.root in oids:
                 out[record.root] = inline
             return out
