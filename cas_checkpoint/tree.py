@@ -146,7 +146,7 @@ def _scanner(data: bytes | memoryview) -> msgpack.Unpacker:
         unpacker.feed(data)
         return unpacker
     return msgpack.Unpacker(_Chunks(data), raw=False, max_buffer_size=len(data) + 1,
-                            strict_map_key=False, read_size=1 << 16)
+                            strict_map_key=False, read_size=min(1 << 16, len(data) + 1))
 
 
 class _Walker:
