@@ -105,7 +105,8 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
                                               objects.values())])
 
 
-def _decompress(data: memoryview, start: int, size: int) -> bytes:
+def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
+    """Append to ``out`` the ``size`` bytes that the zstd frame at ``data[start:]`` holds."""
     stored = len(data) - start
     if size > max(SMALL_BODY, MAX_RATIO * stored):
         raise _bad(f"a compressed pack body of {stored} bytes claims to expand to {size} "
@@ -116,24 +117,22 @@ def _decompress(data: memoryview, start: int, size: int) -> bytes:
         raise FormatError("this pack is zstd-compressed: pip install zstandard") from None
     # Streamed, never sized by the frame's header: output is read up to one byte past what the
     # index says, and the window a frame may ask for is bounded; damage cannot ask for more.
+    # Each chunk is appended where it goes (no list of parts joined, then copied again).
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-    parts: list[bytes] = []
-    got = 0
+    got, want = 0, len(out) + size
     try:
-        with dctx.stream_reader(bytes(data[start:]), read_across_frames=False) as reader:
+        with dctx.stream_reader(data[start:], read_across_frames=False) as reader:
             while got <= size:
                 chunk = reader.read(min(size + 1 - got, 1 << 20))
                 if not chunk:
                     break
-                parts.append(chunk)
+                out += chunk
                 got += len(chunk)
     except (zstandard.ZstdError, MemoryError) as exc:
         raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
                    ) from None
-    out = b"".join(parts)
-    if len(out) != size:
-        raise _bad(f"its body decompresses to {len(out)} bytes, not the {size} its index says")
-    return out
+    if len(out) != want:
+        raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
 
 
 def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tuple[int, int]]]]:
@@ -162,8 +161,8 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tupl
     if view[5] & ZSTD:
         plain = bytearray(view[:body])
         plain[5] &= ~ZSTD
-        plain += _decompress(view, body, total)
-        view = memoryview(bytes(plain))
+        _decompress(view, body, total, plain)
+        view = memoryview(plain).toreadonly()  # (nothing writes to it once it is filled)
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
     ends = list(itertools.accumulate(lengths, initial=body))
