@@ -145,7 +145,8 @@ def node_bytes(parts: Iterable[bytes | memoryview], children: Iterable[str] = ()
 
 def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryview]:
     """(child ids, payload view) of an encoded node."""
-    if object_kind(data) != NODE:
+    if data[:5] != _HEADERS[NODE]:  # (compared in place: no bytes made for each node)
+        object_kind(data)  # a foreign or newer object says so
         raise _bad("expected a state node")
     view = memoryview(data)
     if len(view) > 5 and view[5] == 0:  # no children: the common leaf

@@ -96,6 +96,7 @@ JUMP_MIN = 16 * 1024  # in a big encoding, a str/bytes this long is stepped over
 MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remembered (memory)
 _SHAPES = [bytes([shape]) for shape in range(256)]
 _VALUE_BYTE = _SHAPES[VALUE]
+_TEXT_LEAF = node_bytes((_VALUE_BYTE,))  # a node's header, no children, the VALUE shape
 # Concatenations carry their children's lengths. Tests set this to False to write the layout
 # of stores made before lengths existed (which every reader must still accept).
 WRITE_LENGTHS = True
@@ -471,10 +472,14 @@ class _Builder:
         raw = view[header:header + size]
         chars = not is_str or value.isascii()  # a piece's length is its byte count
         start, leaves = 0, []
+        objects, lengths = self.objects, self.lengths
         for cut in text_cuts(raw, is_str):
             piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
-            leaf = self.node_of((_VALUE_BYTE, _text_header(len(piece), is_str), piece))
-            self.lengths[leaf] = len(piece) if chars else len(str(piece, "utf-8"))
+            # a leaf node without children: node_bytes((_VALUE_BYTE, header, piece)), inlined
+            leaf_data = b"".join((_TEXT_LEAF, _text_header(cut - start, is_str), piece))
+            leaf = object_id(leaf_data)
+            objects[leaf] = leaf_data
+            lengths[leaf] = cut - start if chars else len(str(piece, "utf-8"))
             leaves.append(leaf)
             start = cut
         return self._index(leaves, STR if is_str else BYTES)
