@@ -425,24 +425,15 @@ def encode_link(link: Ref | Span) -> bytes:
 
 def encode(value: Any, *, types: TypeRegistry | None = None) -> bytes:
     """Encode ``value`` deterministically; raise SerializationError naming what and where."""
-    out = _encode(value, types, False)
-    assert isinstance(out, bytes)
-    return out
+    return bytes(encode_view(value, types=types))  # copied once out of the packer's buffer
 
 
 def encode_view(value: Any, *, types: TypeRegistry | None = None) -> memoryview:
-    """``encode``'s bytes as a read-only view of the encoder's own buffer: no copy of a big
-    state (the view holds the buffer, which may be up to twice as long, until it is
-    released)."""
-    out = _encode(value, types, True)
-    assert isinstance(out, memoryview)
-    return out
-
-
-def _encode(value: Any, types: TypeRegistry | None, view: bool) -> bytes | memoryview:
+    """``encode``'s bytes as a view of the encoder's own buffer: no copy of a big state (the
+    view holds the buffer, which may be up to twice as long, until it is released)."""
     reg = _NO_TYPES if types is None else types
     try:  # C speed: Python runs only for non-native values
-        return _Encoder(reg).packed(value, 1)[1:] if view else _Encoder(reg).pack(value, 1)
+        return _Encoder(reg).packed(value, 1)[1:]
     except MemoryError:
         raise
     except Exception as exc:  # TypeError, ValueError, OverflowError, RecursionError, user code

@@ -179,9 +179,7 @@ def _text_size(data: memoryview, pos: int) -> tuple[int, int]:
     first = data[pos]
     if 0xA0 <= first <= 0xBF:
         return 1, first & 0x1F
-    width = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDB: 4, 0xC6: 4}.get(first)
-    if width is None:
-        raise AssertionError("codec and msgpack disagree on a str or bytes")
+    width = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDB: 4, 0xC6: 4}[first]  # (as codec writes)
     return 1 + width, int.from_bytes(data[pos + 1:pos + 1 + width], "big")
 
 
@@ -283,8 +281,7 @@ class _Builder:
 
     def node_of(self, parts: tuple[bytes | memoryview, ...] | list[bytes | memoryview],
                 children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
-        """A node whose payload is ``parts`` joined (shape byte first)."""
-        data = node_bytes(parts, children)
+        data = node_bytes(parts, children)  # the payload: ``parts`` (shape byte first) joined
         oid = object_id(data)
         self.objects[oid] = data
         return oid
