@@ -18,8 +18,11 @@ the file in WAL mode).
    in a new process (timed inside the subprocess around open + load, after the imports; the same
    for a new sqlite3 connection + get_tuple), the first save of a whole state.
 3. memory:// beside InMemorySaver.
-4. Big values: 16 MB str / bytes saves, and the peak memory of saving a ~110 MB state (tracemalloc
-   and ru_maxrss, each in its own subprocess).
+4. Big values (``--big`` runs only this): saves of 16 MiB str / bytes values (distinct ones, so
+   nothing is memoised) and loads by a new store object, on local disk, memory://, a zstd store
+   and an encrypted store, beside SqliteSaver / InMemorySaver putting and getting a checkpoint
+   that holds the same value; and the peak memory of saving a ~110 MB state (tracemalloc and
+   ru_maxrss, each in its own subprocess).
 5. gc on S3 after 2,000 saves over 10 threads: requests by kind (botocore and gc's own count).
 
 Counting requests. The store's s3fs client (``fs.s3``, an aiobotocore client, shared by store
@@ -35,9 +38,10 @@ round. Times are wall-clock ms on loopback: moto's own work, not network latency
 region add one round trip (~10-30 ms) per round.
 
     python benchmarks/bench_layout.py [--sizes 100,1000,10000] [--quick] [--only local,memory]
+        [--big]
 
 ``--only`` runs some sections alone (``s3``, ``local``, ``memory``, ``big``, ``gc``; all by
-default): ``--only local`` prints section 2 in a few seconds.
+default): ``--only local`` prints section 2 in a few seconds. ``--big`` is ``--only big``.
 """
 
 from __future__ import annotations
@@ -407,28 +411,70 @@ print(len(codec.encode(state)), seconds, peak, grew)
 """
 
 
-def load_new(url: str) -> Any:
-    return CheckpointStore.open(url).load("t")
+def load_new(url: str, **opts: Any) -> Any:
+    return CheckpointStore.open(url, **opts).load("t")
 
 
-def big_rows(count: int) -> list[list[Any]]:
+def lg_put_value(saver: Any, thread: str, value: Any) -> Any:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"v": value}
+    cp["channel_versions"] = {"v": 1}
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    return saver.put(cfg, cp, {"source": "loop", "step": 0}, {"v": 1})
+
+
+def _rate(ms: float) -> str:
+    return f"{16 / ms * 1000:.0f}"
+
+
+def big_value_rows(kind: str, repeat: int) -> list[list[Any]]:
+    """Saves of distinct 16 MiB values (nothing memoised), and loads of one of them by a new
+    store object, in MiB/s (medians), beside SqliteSaver / InMemorySaver with the same value."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from cas_checkpoint import Key
+
+    values: list[Any] = [random.randbytes(8 << 20).hex() if kind == "str"
+                         else random.randbytes(16 << 20) for _ in range(repeat)]
     rows = []
-    for kind in ("str", "bytes"):
-        values: list[Any] = [random.randbytes(8 << 20).hex() if kind == "str"
-                             else random.randbytes(16 << 20) for _ in range(3)]
-        root = tempfile.mkdtemp(prefix="bench-big-")
-        store = CheckpointStore.open(root)
-        times = []
+    tmp = tempfile.mkdtemp(prefix="bench-big-")
+    sq = SqliteSaver(sqlite3.connect(os.path.join(tmp, "lg.sqlite"), check_same_thread=False))
+    peers = {"local": sq, "memory://": InMemorySaver()}
+    for where, opts in (("local", {}), ("memory://", {}), ("local, zstd", {"compression": "zstd"}),
+                        ("local, encrypted", {"encryption": Key.generate()})):
+        url = (f"memory://bench-big-{uuid.uuid4().hex}" if where == "memory://"
+               else tempfile.mkdtemp(prefix="bench-big-"))
+        store = CheckpointStore.open(url, **opts)
+        store.save("warm", {"x": 1})
+        saves = []
         for value in values:
             t0 = time.perf_counter()
             store.save(f"t-{uuid.uuid4().hex}", {"v": value})
-            times.append(time.perf_counter() - t0)
-        ms = statistics.median(times) * 1000
+            saves.append(time.perf_counter() - t0)
         store.save("t", {"v": values[0]})
-        load = median_ms(functools.partial(load_new, root), 3)
-        rows.append([f"16 MiB {kind} value, local disk",
-                     f"save {16 / ms * 1000:.0f} MiB/s, load in a new store object "
-                     f"{16 / load * 1000:.0f} MiB/s"])
+        load = median_ms(functools.partial(load_new, url, **opts), 3)
+        peer = peers.get(where)
+        if peer is None:
+            rows.append([f"16 MiB {kind}, {where}", _rate(statistics.median(saves) * 1000),
+                         _rate(load), "", "", ""])
+            continue
+        peer_saves = []
+        for value in values:
+            t0 = time.perf_counter()
+            lg_put_value(peer, f"t-{uuid.uuid4().hex}", value)
+            peer_saves.append(time.perf_counter() - t0)
+        peer_save = statistics.median(peer_saves) * 1000
+        lg_put_value(peer, "t", values[0])
+        peer_load = median_ms(functools.partial(lg_get, peer, "t"), 3)
+        rows.append([f"16 MiB {kind}, {where}", _rate(statistics.median(saves) * 1000),
+                     _rate(load), _rate(peer_save), _rate(peer_load), type(peer).__name__])
+    return rows
+
+
+def peak_row(count: int) -> list[Any]:
     runs = {}
     for mode in ("rss", "trace"):
         out = subprocess.run([sys.executable, "-c", _PEAK, str(count), mode], capture_output=True,
@@ -436,11 +482,18 @@ def big_rows(count: int) -> list[list[Any]]:
         runs[mode] = (int(out[0]), float(out[1]), int(out[2]), int(out[3]))
     enc, seconds, _, grew = runs["rss"]
     peak = runs["trace"][2]
-    rows.append([f"save of a {human(enc)} state ({count:,} x 100-KB strings), local disk",
-                 f"{enc / seconds / 2**20:.0f} MiB/s; peak RSS grew {human(grew)} = "
-                 f"{grew / enc:.2f}x the encoding; traced peak {human(peak)} = "
-                 f"{peak / enc:.2f}x"])
-    return rows
+    return [f"save of a {human(enc)} state ({count:,} x 100-KB strings), local disk",
+            f"{enc / seconds / 2**20:.0f} MiB/s; peak RSS grew {human(grew)} = "
+            f"{grew / enc:.2f}x the encoding; traced peak {human(peak)} = {peak / enc:.2f}x"]
+
+
+def big_section(count: int, repeat: int) -> None:
+    print("\n4. big values: MiB/s (median of the saves of distinct values; load: a new store "
+          "object, median of 3), beside LangGraph's saver given the same value")
+    rows = [r for kind in ("str", "bytes") for r in big_value_rows(kind, repeat)]
+    print(table(["value, storage", "cas save", "cas load", "peer save", "peer load", "peer"],
+                rows))
+    print(table(["what", "result"], [peak_row(count)]))
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -467,6 +520,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,10000", help="S3 thread sizes (messages)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run (< 60 s)")
+    ap.add_argument("--big", action="store_true", help="run section 4 (big values) only")
     ap.add_argument("--only", default=",".join(SECTIONS),
                     help=f"comma-separated sections to run, of {','.join(SECTIONS)} (all)")
     args = ap.parse_args()
@@ -474,6 +528,11 @@ def main() -> None:
     if only - set(SECTIONS):
         ap.error(f"unknown section(s) {sorted(only - set(SECTIONS))}; choose from {SECTIONS}")
     quick = args.quick
+    if args.big:
+        print(f"machine: {os.cpu_count()} cores; python {platform.python_version()}; "
+              f"{versions()}")
+        big_section(200 if quick else 1100, 3 if quick else 5)
+        return
     sizes = [100, 300] if quick else [int(s) for s in args.sizes.split(",")]
     t_start = time.perf_counter()
     print(f"machine: {os.cpu_count()} cores, {platform.system()} {platform.machine()}; python "
@@ -499,8 +558,7 @@ def main() -> None:
         print(table(["operation", "cas_checkpoint", "LangGraph", "ratio"], local + mem))
 
     if "big" in only:
-        print("\n4. big values")
-        print(table(["what", "result"], big_rows(200 if quick else 1100)))
+        big_section(200 if quick else 1100, 3 if quick else 5)
 
     if "gc" in only:
         gc_row, gc_note = s3_gc(200 if quick else 2000)

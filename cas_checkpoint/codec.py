@@ -56,7 +56,8 @@ import msgpack
 from .errors import FormatError, InvalidArgumentError, SerializationError
 from .links import Ref, Span, counted_span_fields, span_fields, varint
 
-__all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode", "encode_link"]
+__all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode", "encode_link",
+           "encode_view"]
 
 MAX_EXT_DEPTH: Final = 64  # tuples/sets/datetimes/registered objects inside each other
 _NATIVE_LIMIT: Final = 1023  # list/dict depth that msgpack both writes and reads back
@@ -297,11 +298,16 @@ class _Encoder:
         # that the packer's depth limit stays within what the unpacker accepts. The result is
         # copied once out of the packer's buffer (no intermediate bytes: a big state is not
         # held three times over).
+        with self.packed(value, wrap) as buf:
+            return bytes(buf[wrap:])
+
+    def packed(self, value: object, wrap: int) -> memoryview:
+        """The packer's own buffer (``wrap`` bytes of wrapping first), not copied."""
         packer = msgpack.Packer(default=self.default, strict_types=True, buf_size=4096,
                                 autoreset=False)
         packer.pack([[value]] if wrap == 2 else [value])
-        with packer.getbuffer() as buf:
-            return bytes(buf[wrap:])
+        buf: memoryview = packer.getbuffer()
+        return buf
 
     def default(self, obj: Any) -> msgpack.ExtType:  # only called for non-native values
         code, payload = _reduce(obj, self.reg)
@@ -419,9 +425,15 @@ def encode_link(link: Ref | Span) -> bytes:
 
 def encode(value: Any, *, types: TypeRegistry | None = None) -> bytes:
     """Encode ``value`` deterministically; raise SerializationError naming what and where."""
+    return bytes(encode_view(value, types=types))  # copied once out of the packer's buffer
+
+
+def encode_view(value: Any, *, types: TypeRegistry | None = None) -> memoryview:
+    """``encode``'s bytes as a view of the encoder's own buffer: no copy of a big state (the
+    view holds the buffer, which may be up to twice as long, until it is released)."""
     reg = _NO_TYPES if types is None else types
-    try:
-        return _Encoder(reg).pack(value, 1)  # C speed: Python runs only for non-native values
+    try:  # C speed: Python runs only for non-native values
+        return _Encoder(reg).packed(value, 1)[1:]
     except MemoryError:
         raise
     except Exception as exc:  # TypeError, ValueError, OverflowError, RecursionError, user code

@@ -110,7 +110,7 @@ class Core:
         with self._memo_lock:
             built = tree.build(state, self.types, self._memo)  # raises before writing anything
         root, size, nodes = built.root, built.size, built.objects
-        encoded = built.data if size <= STATE_CACHE_BYTES // 4 else None
+        encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
         del built  # a big state's encoding is not kept while its packs are written
         # A small root node goes inside the record instead of into an object of its own.
         root_node = nodes[root]
@@ -328,11 +328,11 @@ class Core:
                                     codec.decode(cached, types=self.types))
         inline = record.root_node
 
-        def fetch(oids: list[ObjectId]) -> dict[str, bytes]:
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
             if inline is None:
-                return view.get_many(oids)
+                return view.get_views(oids)
             # the root is in the record (its hash covers it): read only the nodes under it
-            out = view.get_many(o for o in oids if o != record.root)
+            out = view.get_views(o for o in oids if o != record.root)
             if record.root in oids:
                 out[record.root] = inline
             return out

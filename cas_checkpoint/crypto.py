@@ -161,9 +161,9 @@ class Key:
 
         if len(sealed) < _NONCE + _TAG:
             raise BrokenSeal(path)
-        sealed = bytes(sealed)
+        view = memoryview(sealed)  # (a big pack is not copied, twice, to be decrypted)
         try:
-            out: bytes = self._aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], ad)
+            out: bytes = self._aead.decrypt(view[:_NONCE], view[_NONCE:], ad)
         except InvalidTag:
             raise BrokenSeal(path) from None
         return out

@@ -4,7 +4,8 @@ The loader never recurses on the C stack per tree level: nodes are evaluated by 
 stack, children first, and each node's payload is decoded once, on its own (one ``unpackb``
 call at a time), its ``Ref``/``Span`` placeholders answered from its children's values. A list,
 tuple or dict split over leaves that hold no placeholders is joined fast: the leaves' item bytes
-are concatenated and decoded in one pass.
+are concatenated and decoded in one pass. A split str or bytes is joined once from its leaves
+(not once per index level).
 
 Lengths that concatenations and ``Span`` placeholders give for their children's parts (see
 ``tree``) are checked against the parts joined: a node whose lengths disagree with its children
@@ -41,7 +42,7 @@ from .shapes import (
 
 ID_COST = 32  # budget charged per child id a visited node names
 
-Fetch = Callable[[list[ObjectId]], Mapping[str, bytes]]
+Fetch = Callable[[list[ObjectId]], Mapping[str, bytes | memoryview]]
 
 
 def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
@@ -136,6 +137,10 @@ class _Joiner:
             fast = self.flat_join(shape, children, lengths, depth)
             if fast is not _PENDING:
                 return fast
+        elif shape in (STR, BYTES):
+            fast = self.flat_text(shape, children, lengths, depth)
+            if fast is not _PENDING:
+                return fast
         return _Frame(oid, depth, children, payload, shape, lengths)
 
     def finish(self, frame: _Frame) -> Any:
@@ -192,8 +197,58 @@ class _Joiner:
         under its child (the decode checks that the leaves' headers add up)."""
         is_map = shape == DICT
         small, b16, b32 = (0x80, 0xDE, 0xDF) if is_map else (0x90, 0xDC, 0xDD)
-        inner = DICT if is_map else LIST
-        items: list[memoryview] = []
+
+        def leaf(payload: memoryview) -> tuple[memoryview, int] | None:
+            first = payload[1]
+            if first & 0xF0 == small:
+                return payload[2:], first & 0x0F
+            if first == b16 and len(payload) >= 4:
+                return payload[4:], int.from_bytes(payload[2:4], "big")
+            if first == b32 and len(payload) >= 6:
+                return payload[6:], int.from_bytes(payload[2:6], "big")
+            return None
+
+        items = self.flat_parts(DICT if is_map else LIST, children, lengths, depth, leaf)
+        if items is _PENDING:
+            return _PENDING
+        count, parts = items
+        head = map_header(count) if is_map else array_header(count)
+        joined = codec.decode(head + b"".join(parts), types=self.types)
+        return tuple(joined) if shape == TUPLE else joined
+
+    def flat_text(self, shape: int, children: tuple[ObjectId, ...],
+                  lengths: tuple[int, ...] | None, depth: int) -> Any:
+        """A str/bytes split over leaves that are each a plain str/bytes: joined once (not
+        once per index level), each length checked as ``concat`` checks it; ``_PENDING``
+        when a leaf is anything else (the caller's slow path says what is wrong)."""
+        is_str = shape == STR
+
+        def leaf(payload: memoryview) -> tuple[str | memoryview, int] | None:
+            got = _text_payload(payload[1:], is_str)
+            if got is None:
+                return None
+            if not is_str:
+                return got, len(got)
+            try:
+                text = str(got, "utf-8")
+            except UnicodeDecodeError:
+                return None
+            return text, len(text)
+
+        items = self.flat_parts(shape, children, lengths, depth, leaf)
+        if items is _PENDING:
+            return _PENDING
+        parts = items[1]
+        return "".join(parts) if is_str else b"".join(parts)
+
+    def flat_parts(self, inner: int, children: tuple[ObjectId, ...],
+                   lengths: tuple[int, ...] | None, depth: int,
+                   leaf: Callable[[memoryview], tuple[Any, int] | None]) -> Any:
+        """(count, parts) of the leaves under ``children`` (concatenations of shape ``inner``
+        down to leaves without children, each taken apart by ``leaf``: its part and how many
+        items, pairs, characters or bytes it holds), or ``_PENDING``. Each length given is
+        checked against what its child holds."""
+        parts: list[Any] = []
         count = 0
         # (node, its depth, its length or None) or, to check a length, (node, -1, expected
         # count when it ends): a node's check is popped after everything under it
@@ -222,20 +277,28 @@ class _Joiner:
                 continue
             if kids or len(payload) < 2:
                 return _PENDING
-            first = payload[1]
-            if first & 0xF0 == small:
-                n, skip = first & 0x0F, 2
-            elif first == b16 and len(payload) >= 4:
-                n, skip = int.from_bytes(payload[2:4], "big"), 4
-            elif first == b32 and len(payload) >= 6:
-                n, skip = int.from_bytes(payload[2:6], "big"), 6
-            else:
+            got = leaf(payload)
+            if got is None:
                 return _PENDING
-            items.append(payload[skip:])
-            count += n
-        head = map_header(count) if is_map else array_header(count)
-        joined = codec.decode(head + b"".join(items), types=self.types)
-        return tuple(joined) if shape == TUPLE else joined
+            parts.append(got[0])
+            count += got[1]
+        return count, parts
+
+
+def _text_payload(data: memoryview, is_str: bool) -> memoryview | None:
+    """The bytes of a msgpack str (or bin) that is exactly ``data``, else None."""
+    if not data:
+        return None
+    first = data[0]
+    if is_str and 0xA0 <= first <= 0xBF:
+        skip, size = 1, first & 0x1F
+    else:
+        width = ({0xD9: 1, 0xDA: 2, 0xDB: 4} if is_str else {0xC4: 1, 0xC5: 2, 0xC6: 4}
+                 ).get(first)
+        if width is None or len(data) < 1 + width:
+            return None
+        skip, size = 1 + width, int.from_bytes(data[1:1 + width], "big")
+    return data[skip:] if len(data) == skip + size else None
 
 
 def check_lengths(oid: str, lengths: tuple[int, ...], found: list[int]) -> None:

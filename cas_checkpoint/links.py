@@ -44,8 +44,15 @@ class Span:
                                        f"[0, 2**32): {self.lengths!r}")
 
 
+_SMALL = [bytes((n,)) for n in range(0x80)]
+
+
 def varint(n: int) -> bytes:
     """``n`` (>= 0) as a LEB128 varint."""
+    if 0 <= n < 0x80:
+        return _SMALL[n]
+    if 0 <= n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while True:  # LEB128
         out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))

@@ -42,6 +42,7 @@ leaves room for compression and encryption.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -151,17 +152,20 @@ def _bin_id(value: str) -> bytes:
 
 def encode_node(payload: bytes, children: tuple[str, ...] = ()) -> bytes:
     """A state node: ``payload`` is codec bytes that may refer to ``children`` by index."""
-    out = bytearray(_HEADERS[NODE])
-    out += varint(len(children))
-    for child in children:
-        out += _bin_id(child)
-    out += payload
-    return bytes(out)
+    return node_bytes((payload,), children)
+
+
+def node_bytes(parts: Iterable[bytes | memoryview], children: Iterable[str] = ()) -> bytes:
+    """``encode_node`` of the payload ``parts`` joined, in one copy (a big payload is not
+    copied again to be joined first)."""
+    ids = [_bin_id(child) for child in children]
+    return b"".join([_HEADERS[NODE], varint(len(ids)), *ids, *parts])
 
 
 def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryview]:
     """(child ids, payload view) of an encoded node."""
-    if object_kind(data) != NODE:
+    if data[:5] != _HEADERS[NODE]:  # (compared in place: no bytes made for each node)
+        object_kind(data)  # a foreign or newer object says so
         raise _bad("expected a state node")
     view = memoryview(data)
     if len(view) > 5 and view[5] == 0:  # no children: the common leaf

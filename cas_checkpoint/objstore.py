@@ -71,12 +71,18 @@ class Pack:
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
 
     def get(self, oid: str) -> bytes | None:
+        got = self.get_view(oid)
+        return None if got is None else bytes(got)
+
+    def get_view(self, oid: str) -> memoryview | None:
+        """``get`` without copying the object out of the pack (a read-only view of the pack's
+        bytes, which it keeps alive)."""
         locations = self.index.get(pack_prefix(oid))
         if locations is None:
             return None
         actual = ""
         for start, end in locations:
-            data = bytes(self.data[start:end])
+            data = self.data[start:end]
             if oid in self.verified and len(locations) == 1:
                 return data
             actual = object_id(data)
@@ -149,13 +155,17 @@ class View:
         self._ids: frozenset[str] | None = None
 
     def get(self, oid: str) -> bytes:
+        return bytes(self.get_view(oid))
+
+    def get_view(self, oid: str) -> bytes | memoryview:
+        """``get`` without copying an object out of its pack."""
         data = self.inline.get(oid)
         if data is not None:
             return data
         mismatch: PrefixMismatch | None = None
         for pack in self.packs:
             try:
-                got = pack.get(oid)
+                got = pack.get_view(oid)
             except PrefixMismatch as exc:
                 mismatch = exc
                 continue
@@ -178,6 +188,10 @@ class View:
         hashed now."""
         for oid in oids.difference(self.inline, *(p.verified for p in self.packs)):
             self.get(oid)
+
+    def get_views(self, oids: Iterable[str]) -> dict[str, bytes | memoryview]:
+        """``get_many`` without copying objects out of their packs."""
+        return {oid: self.get_view(oid) for oid in dict.fromkeys(oids)}
 
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""

@@ -48,6 +48,11 @@ class Zstd:
         self.level = level
         self._mine = threading.local()  # a zstd context is not thread-safe: one per thread
 
+    @property
+    def compresses(self) -> bool:
+        """Whether ``compress`` may compress (else it always gives None)."""
+        return True
+
     def compress(self, body: bytes) -> bytes | None:
         """The compressed body, or None when it does not pay or would read as a bomb."""
         if len(body) < 64:
@@ -81,6 +86,10 @@ class Sealing(Zstd):
         self.inner = inner
         self.key = key
 
+    @property
+    def compresses(self) -> bool:
+        return self.inner is not None
+
     def compress(self, body: bytes) -> bytes | None:
         return None if self.inner is None else self.inner.compress(body)
 
@@ -94,14 +103,18 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
     short = max(lengths, default=0) < 1 << 16
     prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
     sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    body = b"".join(objects.values())
-    packed = compressor.compress(body) if compressor is not None else None
+    packed = None
+    if compressor is not None and compressor.compresses:
+        packed = compressor.compress(b"".join(objects.values()))
     flags = (SHORT if short else 0) | (ZSTD if packed is not None else 0)
     head = _HEADERS[PACK] + bytes([flags]) + struct.pack(">I", len(objects))
-    return b"".join([head, prefixes, sizes, body if packed is None else packed])
+    # one join (a big body is copied once, into the pack)
+    return b"".join([head, prefixes, sizes, *((packed,) if packed is not None else
+                                              objects.values())])
 
 
-def _decompress(data: memoryview, start: int, size: int) -> bytes:
+def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
+    """Append to ``out`` the ``size`` bytes that the zstd frame at ``data[start:]`` holds."""
     stored = len(data) - start
     if size > max(SMALL_BODY, MAX_RATIO * stored):
         raise _bad(f"a compressed pack body of {stored} bytes claims to expand to {size} "
@@ -112,24 +125,22 @@ def _decompress(data: memoryview, start: int, size: int) -> bytes:
         raise FormatError("this pack is zstd-compressed: pip install zstandard") from None
     # Streamed, never sized by the frame's header: output is read up to one byte past what the
     # index says, and the window a frame may ask for is bounded; damage cannot ask for more.
+    # Each chunk is appended where it goes (no list of parts joined, then copied again).
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-    parts: list[bytes] = []
-    got = 0
+    got, want = 0, len(out) + size
     try:
-        with dctx.stream_reader(bytes(data[start:]), read_across_frames=False) as reader:
+        with dctx.stream_reader(data[start:], read_across_frames=False) as reader:
             while got <= size:
                 chunk = reader.read(min(size + 1 - got, 1 << 20))
                 if not chunk:
                     break
-                parts.append(chunk)
+                out += chunk
                 got += len(chunk)
     except (zstandard.ZstdError, MemoryError) as exc:
         raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
                    ) from None
-    out = b"".join(parts)
-    if len(out) != size:
-        raise _bad(f"its body decompresses to {len(out)} bytes, not the {size} its index says")
-    return out
+    if len(out) != want:
+        raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
 
 
 def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tuple[int, int]]]]:
@@ -158,8 +169,8 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tupl
     if view[5] & ZSTD:
         plain = bytearray(view[:body])
         plain[5] &= ~ZSTD
-        plain += _decompress(view, body, total)
-        view = memoryview(bytes(plain))
+        _decompress(view, body, total, plain)
+        view = memoryview(plain).toreadonly()  # (nothing writes to it once it is filled)
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
     ends = list(itertools.accumulate(lengths, initial=body))

@@ -57,7 +57,7 @@ from . import codec
 from .errors import SerializationError
 from .join import load
 from .links import varint
-from .objects import ObjectId, encode_node, object_id
+from .objects import ObjectId, encode_node, node_bytes, object_id
 from .shapes import (
     BYTES,
     COUNTED,
@@ -91,7 +91,12 @@ DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
 TEXT_AVG_BITS = 13  # ~8 KB average text chunk
 TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
+SCAN_DIRECT = 1 << 20  # encodings up to this size are walked in memory, bigger ones read along
+JUMP_MIN = 16 * 1024  # in a big encoding, a str/bytes this long is stepped over by its header
 MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remembered (memory)
+_SHAPES = [bytes([shape]) for shape in range(256)]
+_VALUE_BYTE = _SHAPES[VALUE]
+_TEXT_LEAF = node_bytes((_VALUE_BYTE,))  # a node's header, no children, the VALUE shape
 # Concatenations carry their children's lengths. Tests set this to False to write the layout
 # of stores made before lengths existed (which every reader must still accept).
 WRITE_LENGTHS = True
@@ -125,7 +130,8 @@ class Built:
     root: ObjectId
     objects: dict[ObjectId, bytes]  # every node of the tree, root included
     size: int  # encoded bytes of the whole state (as one blob)
-    data: bytes = b""  # the whole state's encoding (what the tree splits)
+    data: bytes | memoryview = b""  # the whole state's encoding (what the tree splits): bytes
+    # up to MEMO_MAX, else a view of the encoder's buffer (not copied, dropped after the save)
 
 
 class _Chunks:
@@ -147,13 +153,46 @@ class _Chunks:
 def _scanner(data: bytes | memoryview) -> msgpack.Unpacker:
     """An Unpacker to walk over ``data``'s items (``skip``/``tell``), fed without a copy of
     ``data`` when it is big."""
-    if len(data) <= 1 << 20:
+    if len(data) <= SCAN_DIRECT:
         unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
                                     strict_map_key=False)
         unpacker.feed(data)
         return unpacker
     return msgpack.Unpacker(_Chunks(data), raw=False, max_buffer_size=len(data) + 1,
-                            strict_map_key=False, read_size=1 << 16)
+                            strict_map_key=False, read_size=min(1 << 16, len(data) + 1))
+
+
+class _Walker:
+    """Where each item of an encoded list or dict ends (``skip``, then ``tell``). In a big
+    encoding, a long str or bytes item is stepped over by its header (the Unpacker would
+    gather the whole item in its buffer, a copy of it, just to skip it)."""
+
+    __slots__ = ("base", "unpacker", "view")
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.view, self.base = memoryview(data), 0
+        self.unpacker = _scanner(self.view)
+
+    def tell(self) -> int:
+        return self.base + int(self.unpacker.tell())
+
+    def skip(self, value: Any = None) -> None:
+        if (type(value) is str or type(value) is bytes) and len(value) >= JUMP_MIN \
+                and len(self.view) > SCAN_DIRECT:
+            pos = self.tell()
+            self.base = pos + sum(_text_size(self.view, pos))
+            self.unpacker = _scanner(self.view[self.base:])
+        else:
+            self.unpacker.skip()
+
+
+def _text_size(data: memoryview, pos: int) -> tuple[int, int]:
+    """(header, payload) bytes of the msgpack str or bin that starts at ``data[pos]``."""
+    first = data[pos]
+    if 0xA0 <= first <= 0xBF:
+        return 1, first & 0x1F
+    width = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDB: 4, 0xC6: 4}[first]  # (as codec writes)
+    return 1 + width, int.from_bytes(data[pos + 1:pos + 1 + width], "big")
 
 
 def _text_header(n: int, is_str: bool) -> bytes:
@@ -200,7 +239,11 @@ class _Builder:
 
     def node(self, shape: int, body: bytes | memoryview,
              children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
-        data = encode_node(b"".join((bytes([shape]), body)), tuple(children))
+        return self.node_of((_SHAPES[shape], body), children)
+
+    def node_of(self, parts: tuple[bytes | memoryview, ...] | list[bytes | memoryview],
+                children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
+        data = node_bytes(parts, children)  # the payload: ``parts`` (shape byte first) joined
         oid = object_id(data)
         self.objects[oid] = data
         return oid
@@ -252,7 +295,7 @@ class _Builder:
             if kind is dict:
                 return self.mapping(value, data)
             if len(value) > TEXT_SPLIT_MIN:
-                return self.text(value)
+                return self.text(value, data)
             return self.node(VALUE, data)
         finally:
             self.nest -= 1
@@ -262,15 +305,15 @@ class _Builder:
             got = self._sequence_memo(value, data, shape)
             if got is not None:
                 return got
-        unpacker = _scanner(data)
-        if unpacker.read_array_header() != len(value):
+        walker = _Walker(data)
+        if walker.unpacker.read_array_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a list's length")
         items: list[_Item] = []
-        pos = unpacker.tell()
+        pos = walker.tell()
         view = memoryview(data)  # item bytes are views: a big state is not copied again
         for item in value:
-            unpacker.skip()
-            end = unpacker.tell()
+            walker.skip(item)
+            end = walker.tell()
             raw = view[pos:end]
             pos = end
             big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
@@ -365,17 +408,17 @@ class _Builder:
         return self._index(ids + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
-        unpacker = _scanner(data)
-        if unpacker.read_map_header() != len(value):
+        walker = _Walker(data)
+        if walker.unpacker.read_map_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a dict's length")
         pairs: list[_Item] = []
-        pos = unpacker.tell()
+        pos = walker.tell()
         view = memoryview(data)
         for item in value.values():
-            unpacker.skip()
-            mid = unpacker.tell()
-            unpacker.skip()
-            end = unpacker.tell()
+            walker.skip()
+            mid = walker.tell()
+            walker.skip(item)
+            end = walker.tell()
             raw = view[mid:end]
             big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
             pairs.append((view[pos:mid], raw, self.subtree(item, raw) if big else None))
@@ -384,22 +427,30 @@ class _Builder:
             return self._leaf(pairs, map_header)
         return self._index(self._leaves(pairs, map_header), DICT)
 
-    def text(self, value: str | bytes) -> _Inline:
+    def text(self, value: str | bytes, data: bytes | memoryview) -> _Inline:
+        """``value`` (``data`` encodes it) cut into leaves, taken from ``data`` (not copied
+        first: each leaf's bytes are joined once, into its node)."""
         is_str = isinstance(value, str)
-        raw = memoryview(value.encode("utf-8") if isinstance(value, str) else value)
+        view = memoryview(data)
+        header, size = _text_size(view, 0)
+        raw = view[header:header + size]
         chars = not is_str or value.isascii()  # a piece's length is its byte count
         start, leaves = 0, []
+        objects, lengths = self.objects, self.lengths
         for cut in text_cuts(raw, is_str):
             piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
-            leaf = self.node(VALUE, b"".join((_text_header(len(piece), is_str), piece)))
-            self.lengths[leaf] = len(piece) if chars else len(str(piece, "utf-8"))
+            # a leaf node without children: node_bytes((_VALUE_BYTE, header, piece)), inlined
+            leaf_data = b"".join((_TEXT_LEAF, _text_header(cut - start, is_str), piece))
+            leaf = object_id(leaf_data)
+            objects[leaf] = leaf_data
+            lengths[leaf] = cut - start if chars else len(str(piece, "utf-8"))
             leaves.append(leaf)
             start = cut
         return self._index(leaves, STR if is_str else BYTES)
 
     def _leaf(self, items: list[_Item], header: Callable[[int], bytes]) -> ObjectId:
         children: list[ObjectId] = []
-        parts: list[bytes | memoryview] = [header(len(items))]
+        parts: list[bytes | memoryview] = [_VALUE_BYTE, header(len(items))]
         for prefix, raw, child in items:
             parts.append(prefix)
             if child is None:
@@ -412,7 +463,7 @@ class _Builder:
             else:
                 parts.append(codec.encode_link(codec.Ref(len(children))))
                 children.append(child)
-        leaf = self.node(VALUE, b"".join(parts), children)
+        leaf = self.node_of(parts, children)
         self.lengths[leaf] = len(items)
         return leaf
 
@@ -527,7 +578,9 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
           ) -> Built:
     """Encode a state into nodes (SerializationError before anything is written). With a
     ``memo``, what an earlier build of the same content hashed is reused, not hashed again."""
-    data = codec.encode(value, types=types)
+    data: bytes | memoryview = codec.encode_view(value, types=types)
+    if len(data) <= MEMO_MAX:
+        data = bytes(data)  # small enough to keep (a copy, as encode makes)
     if len(data) > MAX_STATE_BYTES:
         raise SerializationError(
             f"cannot store the state: it encodes to {len(data)} bytes, more than the "

@@ -76,14 +76,19 @@ class LocalBackend(Backend):
             except OSError as exc:
                 raise StorageError(f"cannot read {key} in {self.root}: {exc}") from exc
             try:
-                first = os.read(fd, 1 << 16)
-                parts = [first]
-                if len(first) == 1 << 16:  # a short read of a regular file is its end
+                # One read of the size fstat gives (a big pack is not read in parts and then
+                # joined), and a byte to spare. Anything else (a file that grew, or a read cut
+                # short, as Linux cuts one past 2 GB) is read on to its end.
+                size = os.fstat(fd).st_size
+                data = os.read(fd, size + 1)
+                if len(data) != size:
+                    parts = [data]
                     while chunk := os.read(fd, 1 << 20):
                         parts.append(chunk)
+                    data = b"".join(parts)
             finally:
                 os.close(fd)
-            out[key] = first if len(parts) == 1 else b"".join(parts)
+            out[key] = data
         return out
 
     def _makedirs(self, folder: str) -> None:
