@@ -387,6 +387,8 @@ class RefStore:
                 if len(self._decoded) > 1024:
                     self._decoded.clear()
                 self._decoded[key] = (data, new_head)  # a read of what we wrote: not decoded
+                if self.objects.shared is not None:  # nor by other objects of this store
+                    self.objects.shared.keep_head(key, data, new_head)
                 return Ref(new_head, version)
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)
