@@ -186,3 +186,33 @@ def test_an_empty_ref_file_is_a_format_error(tmp_path: Path) -> None:
     Path(_path(store, "t")).write_bytes(b"")
     with pytest.raises(FormatError):
         CheckpointStore.open(store.url).load("t")
+
+
+def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack in a new packs/ab folder, and the ref naming it, survive power loss only if the
+    folders' own entries do: the first time a process uses a folder, each folder between the
+    root and it is fsynced (also when another process made it), once per process."""
+    from cas_checkpoint.backends.local import LocalBackend
+
+    synced: list[str] = []
+    real = LocalBackend._fsync_dir
+
+    def spy(folder: str) -> None:
+        synced.append(folder)
+        real(folder)
+
+    monkeypatch.setattr(LocalBackend, "_fsync_dir", staticmethod(spy))
+    root = str(tmp_path / "new" / "store")
+    store = CheckpointStore.open(root, compression="none")
+    assert str(tmp_path / "new") in synced  # the root's own name
+    store.save("t", {"blob": "x" * 20_000})  # a pack: packs/ab/... and then refs/heads/t
+    for folder in (root, os.path.join(root, "packs"), os.path.join(root, "refs")):
+        assert folder in synced, folder
+    pack_dirs = {os.path.dirname(os.path.join(root, i.key)) for i in store.backend.list("packs")}
+    assert pack_dirs and all(d in synced for d in pack_dirs)  # the folder the pack is in
+    synced.clear()
+    store.save("t", {"blob": "y" * 20_000})
+    assert os.path.join(root, "packs") not in synced  # once per process
+    other = CheckpointStore.open(root)  # another process: its first use syncs again
+    other.save("u", {"blob": "z" * 20_000})
+    assert os.path.join(root, "packs") in synced and root in synced

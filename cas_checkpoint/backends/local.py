@@ -39,7 +39,9 @@ class LocalBackend(Backend):
         self.root = os.path.abspath(root)
         self.url = self.root
         try:
-            os.makedirs(self.root, exist_ok=True)
+            if not os.path.isdir(self.root):
+                os.makedirs(self.root, exist_ok=True)
+                self._fsync_dir(os.path.dirname(self.root))  # the new root's name, durable
         except OSError as exc:
             raise StorageError(
                 f"cannot create the store directory {self.root}: {exc.strerror}; check the path "
@@ -49,6 +51,7 @@ class LocalBackend(Backend):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
         self._real = os.path.realpath(self.root)
         self._dirs_made: set[str] = set()
+        self._dirs_synced: set[str] = set()  # folders whose entries were fsynced
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
@@ -92,6 +95,11 @@ class LocalBackend(Backend):
         return out
 
     def _makedirs(self, folder: str) -> None:
+        """Make ``folder`` (inside the root), and make its name durable: the first time this
+        process uses a folder, each folder between the root and it is fsynced, so that a file
+        made durable in it (a pack, then the ref naming it) cannot vanish with a folder entry
+        that power loss dropped. Also when another process made the folder: it may not have
+        synced its parent yet."""
         if folder not in self._dirs_made:
             os.makedirs(folder, exist_ok=True)
             real = os.path.realpath(folder)
@@ -99,6 +107,12 @@ class LocalBackend(Backend):
                 raise StorageError(
                     f"{folder} leads out of the store (to {real}) through a link; remove the "
                     "link: cas_checkpoint writes only inside its root")
+            parent = os.path.dirname(folder)
+            while parent not in self._dirs_synced and (
+                    parent == self.root or parent.startswith(self.root + os.sep)):
+                self._fsync_dir(parent)
+                self._dirs_synced.add(parent)
+                parent = os.path.dirname(parent)
             self._dirs_made.add(folder)
 
     def _write_tmp(self, path: str, data: bytes) -> str:
