@@ -135,14 +135,19 @@ def settle(url: str, wanted: Settings | None, *, write: bool = True) -> Step[Set
     return have
 
 
+def encrypted(url: str, have: Settings) -> InvalidArgumentError:
+    """The error for an encrypted store opened without a key."""
+    return InvalidArgumentError(
+        f"the store at {url!r} is encrypted (key id {have.key_id}); pass "
+        "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a quick "
+        "verify)")
+
+
 def refuse_encrypted(url: str) -> Step[None]:
     """InvalidArgumentError if the store at ``url`` (opened without a key) is encrypted."""
     have = yield from read()
     if have is not None and have.encryption is not None:
-        raise InvalidArgumentError(
-            f"the store at {url!r} is encrypted (key id {have.key_id}); pass "
-            "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a quick "
-            "verify)")
+        raise encrypted(url, have)
 
 
 def opening(url: str, objects: Any, create: bool) -> Step[None]:
@@ -160,10 +165,7 @@ def opening(url: str, objects: Any, create: bool) -> Step[None]:
             raise
         have = None  # unreachable now: the first operation says so (a write re-reads this)
     if have is not None and have.encryption is not None:
-        raise InvalidArgumentError(
-            f"the store at {url!r} is encrypted (key id {have.key_id}); pass "
-            "encryption=Key.from_env('CAS_KEY') (or encryption='keyless' for gc and a quick "
-            "verify)")
+        raise encrypted(url, have)
     if not create and have is None and not (yield from present(marker_read=True)):
         raise absent(url)
     if objects.wanted is not None:

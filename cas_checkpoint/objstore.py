@@ -262,10 +262,10 @@ class ObjectStore:
     def _settings(self, write: bool) -> Step[marker.Settings]:
         settings = yield from marker.settle(self.backend.url, self.wanted, write=write)
         if (settings.encryption is None) != (self.keyring is None):
-            why = (f"encrypted (key id {settings.key_id}); pass encryption=Key.from_env("
-                   "'CAS_KEY')" if settings.encryption else
-                   "not encrypted; open it without encryption=")
-            raise InvalidArgumentError(f"the store at {self.backend.url!r} is {why}")
+            if settings.encryption:
+                raise marker.encrypted(self.backend.url, settings)
+            raise InvalidArgumentError(f"the store at {self.backend.url!r} is not encrypted; "
+                                       "open it without encryption=")
         return settings
 
     def adopt(self, settings: marker.Settings) -> None:
