@@ -51,7 +51,7 @@ class LocalBackend(Backend):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
         self._real = os.path.realpath(self.root)
         self._dirs_made: set[str] = set()
-        self._dirs_synced: set[str] = set()  # folders whose entries were fsynced
+        self._entries_synced: set[str] = set()  # folders whose own names were fsynced
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
@@ -96,10 +96,11 @@ class LocalBackend(Backend):
 
     def _makedirs(self, folder: str) -> None:
         """Make ``folder`` (inside the root), and make its name durable: the first time this
-        process uses a folder, each folder between the root and it is fsynced, so that a file
-        made durable in it (a pack, then the ref naming it) cannot vanish with a folder entry
-        that power loss dropped. Also when another process made the folder: it may not have
-        synced its parent yet."""
+        process uses a folder, its parent is fsynced (its entry is there; also when another
+        process made it, which may not have synced it yet), and so on up for each folder
+        whose own entry this process has not made durable yet, so that a file made durable in
+        it (a pack, then the ref naming it) cannot vanish with a folder entry that power loss
+        dropped."""
         if folder not in self._dirs_made:
             os.makedirs(folder, exist_ok=True)
             real = os.path.realpath(folder)
@@ -107,12 +108,11 @@ class LocalBackend(Backend):
                 raise StorageError(
                     f"{folder} leads out of the store (to {real}) through a link; remove the "
                     "link: cas_checkpoint writes only inside its root")
-            parent = os.path.dirname(folder)
-            while parent not in self._dirs_synced and (
-                    parent == self.root or parent.startswith(self.root + os.sep)):
-                self._fsync_dir(parent)
-                self._dirs_synced.add(parent)
-                parent = os.path.dirname(parent)
+            entry = folder
+            while entry not in self._entries_synced and entry.startswith(self.root + os.sep):
+                self._fsync_dir(os.path.dirname(entry))
+                self._entries_synced.add(entry)
+                entry = os.path.dirname(entry)
             self._dirs_made.add(folder)
 
     def _write_tmp(self, path: str, data: bytes) -> str:
