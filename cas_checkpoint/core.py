@@ -2,9 +2,9 @@
 as a step (``ops.py``), a generator that yields its storage requests. The faces only drive them.
 
 State kept per store object (all of it content-addressed or checked, so never stale in a way
-that matters): the packs read (``ObjectStore``'s cache), recent encodings of states, the last
-ref seen per thread and which objects that thread's lineage is known to hold (so a save writes
-only what is new).
+that matters): the packs read (``ObjectStore``'s cache), the last ref seen per thread, and
+``warm.py``'s memories: recent encodings of states, the newest head and record per thread (warm
+loads), which objects that thread's lineage is known to hold (so a save writes only what is new).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from itertools import islice
 from typing import Any
 
@@ -33,29 +32,14 @@ from .refs import append as log_append
 from .repack import RepackReport
 from .verify import verify as verify_step
 from .verify_report import Progress, VerifyReport
+from .warm import STATE_CACHE_BYTES, Known, Remembered
 
 log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
 CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
-STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
-
-
-class _Known:
-    """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
-    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
-    since."""
-
-    __slots__ = ("ids", "lineage", "view")
-
-    def __init__(self, lineage: bytes, view: View | None = None) -> None:
-        self.lineage, self.view, self.ids = lineage, view, set[str]()
-
-    def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
-        base = self.view.frozen_ids() if self.view is not None else frozenset()
-        return {k: nodes[k] for k in nodes.keys() - base - self.ids}
 
 
 class Core:
@@ -79,12 +63,10 @@ class Core:
         self.refs = RefStore(backend, self.objects)
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
         self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
-        self._have: dict[str, _Known] = {}  # objects known held by that thread's lineage
+        self._have: dict[str, Known] = {}  # objects known held by that thread's lineage
         self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
         self._memo_lock = threading.Lock()
-        # state root -> the state's whole encoding, for states this process saved or loaded
-        self._states: OrderedDict[str, bytes] = OrderedDict()
-        self._states_bytes = 0
+        self._warm = Remembered(self.objects.shared)  # states, newest heads (warm.py)
 
     @property
     def url(self) -> str:
@@ -136,7 +118,7 @@ class Core:
             data = record.encode()
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
-            saved["entry"] = entry = record.entry(cid)
+            saved["record"], saved["entry"] = record, (entry := record.entry(cid))
             segments: dict[ObjectId, bytes] = {}
             new_head = log_append(head, entry, segments)
             # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
@@ -160,10 +142,12 @@ class Core:
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]
         if encoded is not None:
-            self._remember_state(root, encoded, nodes)
+            self._warm.state(root, encoded, nodes)
+        if ref is not None and ref.head.head == entry.id:  # (not one that held it already)
+            self._warm.newest(thread_id, ref.head, saved["record"])
         if ref is not None and ref.head.lineage == saved["lineage"]:
             self._known[thread_id] = ref
-            have = saved["skip"] or _Known(saved["lineage"])
+            have = saved["skip"] or Known(saved["lineage"])
             have.ids.update(saved["new"])  # every node not known before; the rest already were
             self._have[thread_id] = have
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
@@ -201,6 +185,12 @@ class Core:
         cid = None if checkpoint_id is None else check_id(checkpoint_id)
         for attempt in range(LOAD_RETRIES):
             ref = yield from self.ref(thread_id)
+            warm = None if cid is not None else self._warm.warm(thread_id, ref.head)
+            if warm is not None:  # the head this store object saved or loaded: from memory
+                assert ref.head.head is not None
+                cp = model.checkpoint_of(ref.head.head, thread_id, warm[0],
+                                         codec.decode(warm[1], types=self.types))
+                break
             try:
                 cp = yield from self._load_ref(thread_id, ref, cid)
                 break
@@ -231,10 +221,10 @@ class Core:
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
-        cp = self.decode(view, cid, thread_id)
+        cp = self.decode(view, cid, thread_id, newest=cid == head.head)
         if cid == head.head:  # a save that follows this load need not write what it holds
             self._known[thread_id] = ref
-            self._have[thread_id] = _Known(head.lineage, view)
+            self._have[thread_id] = Known(head.lineage, view)
         return cp
 
     def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
@@ -295,37 +285,20 @@ class Core:
         return [(t, self.refs.decode(t, k, g)) for t, k, g in zip(threads, keys, got,
                                                                   strict=True)]
 
-    def _remember_state(self, root: str, data: bytes, nodes: Mapping[ObjectId, bytes]) -> None:
-        """Keep a state's encoding by its root id (content-addressed: it cannot go stale), so a
-        later load of that state decodes it in one pass."""
-        if len(data) > STATE_CACHE_BYTES // 4:
-            return
-        if self.objects.shared is not None:  # other store objects of this memory:// store
-            self.objects.shared.keep_state(root, data, frozenset(nodes))
-        with self._memo_lock:
-            if root not in self._states:
-                self._states_bytes += len(data)
-            self._states[root] = data
-            self._states.move_to_end(root)
-            while self._states_bytes > STATE_CACHE_BYTES:
-                self._states_bytes -= len(self._states.popitem(last=False)[1])
-
-    def decode(self, view: View, cid: CheckpointId, thread_id: str | None) -> Checkpoint:
-        """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them)."""
+    def decode(self, view: View, cid: CheckpointId, thread_id: str | None, *,
+               newest: bool = False) -> Checkpoint:
+        """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them);
+        ``newest``: it is the head's, loaded with every check (warm loads may reuse it)."""
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
-        with self._memo_lock:
-            cached = self._states.get(record.root)
-        if cached is None and self.objects.shared is not None:
-            got = self.objects.shared.state(record.root)
-            if got is not None:  # saved by another store object: if this head holds its nodes
-                view.check(got[1])
-                cached = got[0]
+        if newest:  # the head's checkpoint, after every check load makes: for warm loads
+            self._warm.newest(view.head.thread_id, view.head, record)
+        cached = self._warm.encoding(record.root, view)
         if cached is not None:
-            return self._checkpoint(cid, thread_id, record,
-                                    codec.decode(cached, types=self.types))
+            return model.checkpoint_of(cid, thread_id, record,
+                                       codec.decode(cached, types=self.types))
         inline = record.root_node
 
         def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
@@ -339,15 +312,7 @@ class Core:
 
         state = tree.load(record.root, fetch, self.types,
                           max_bytes=2 * record.size + (1 << 20))
-        return self._checkpoint(cid, thread_id, record, state)
-
-    @staticmethod
-    def _checkpoint(cid: CheckpointId, thread_id: str | None, record: Record,
-                    state: Any) -> Checkpoint:
-        return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
-                          datetime.fromtimestamp(record.created_at, UTC), record.size,
-                          record.label, record.tags, record.metadata, record.status,
-                          record.kind, record.reason, state)
+        return model.checkpoint_of(cid, thread_id, record, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, cached: bool = False,
@@ -445,7 +410,7 @@ class Core:
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
             self._known[new_thread_id] = ref
-            self._have[new_thread_id] = _Known(ref.head.lineage,
+            self._have[new_thread_id] = Known(ref.head.lineage,
                                                (yield from self.objects.view(ref.head)))
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return info_of(by_id[cid], new_thread_id)
@@ -495,6 +460,7 @@ class Core:
         this one, such as an import, changes the ref)."""
         self._known.pop(thread_id, None)
         self._have.pop(thread_id, None)
+        self._warm.forget(thread_id)
 
     def _edit(self, thread_id: str, change: Change,
               expected_head: CheckpointId | None = UNSET) -> Step[None]:

@@ -18,6 +18,7 @@ from .objects import (
     STATUSES,
     CheckpointId,
     LogEntry,
+    Record,
     is_object_id,
 )
 
@@ -52,6 +53,14 @@ def info_of(entry: LogEntry, thread_id: str) -> CheckpointInfo:
                           datetime.fromtimestamp(entry.created_at, UTC), entry.size,
                           entry.label, entry.tags, entry.metadata, entry.status, entry.kind,
                           entry.reason)
+
+
+def checkpoint_of(cid: CheckpointId, thread_id: str | None, record: Record,
+                  state: Any) -> Checkpoint:
+    return Checkpoint(cid, thread_id or record.thread_id, record.step, record.parents,
+                      datetime.fromtimestamp(record.created_at, UTC), record.size,
+                      record.label, record.tags, record.metadata, record.status,
+                      record.kind, record.reason, state)
 
 
 def check_id(cid: object, what: str = "checkpoint id") -> CheckpointId:

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import codec
+from cas_checkpoint import codec, decoding
 from cas_checkpoint.codec import (
     MAX_EXT_DEPTH,
     Ref,
@@ -37,6 +38,23 @@ from cas_checkpoint.codec import (
     encode_link,
 )
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, SerializationError
+
+HAS_ORMSGPACK = decoding._accelerator() is not None
+
+
+@pytest.fixture(autouse=True, params=["msgpack", "ormsgpack"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with each decoder: msgpack alone, and ormsgpack first on inputs of
+    any size (decoding.py: it falls back to msgpack wherever it might differ)."""
+    if request.param == "msgpack":
+        monkeypatch.setattr(decoding, "FAST_UNPACKB", None)
+    elif not HAS_ORMSGPACK:
+        pytest.skip("ormsgpack is not installed")
+    else:
+        monkeypatch.setattr(decoding, "FAST_UNPACKB", decoding._accelerator())
+        monkeypatch.setattr(decoding, "FAST_MIN", 0)
+    return str(request.param)
+
 
 PARIS = ZoneInfo("Europe/Paris")
 IST = timezone(timedelta(hours=5, minutes=30), "IST")
@@ -578,6 +596,8 @@ def bad(data: bytes, match: str | None = None, types: TypeRegistry | None = REG)
     with pytest.raises(FormatError, match=match) as info:
         decode(data, types=types, resolve=lambda i: i)
     assert "corrupt" in str(info.value) or "registered" in str(info.value)
+    with pytest.raises(FormatError):  # without callbacks (where ormsgpack may be tried first)
+        decode(data, types=types)
     return info.value
 
 
@@ -699,6 +719,10 @@ def check_decode(data: bytes) -> None:
         decode(data, types=REG, resolve=lambda i: i)
     except FormatError:
         pass
+    try:  # without callbacks (where ormsgpack may be tried first)
+        decode(data, types=REG)
+    except FormatError:
+        pass
     assert time.perf_counter() - start < 10.0  # a hang guard, not a speed target
 
 
@@ -799,3 +823,96 @@ def test_plain_state_never_reaches_python(monkeypatch: pytest.MonkeyPatch) -> No
     assert decode(data) == state
     with pytest.raises(FormatError, match="Python hook called"):
         decode(with_tuple)
+
+
+# --------------------------------------------------------------------------- the two decoders
+
+
+def _outcome(data: bytes, fast: bool) -> tuple[str, Any]:
+    """What decode gives with ormsgpack tried first (fast) or msgpack alone."""
+    saved = decoding.FAST_UNPACKB, decoding.FAST_MIN
+    decoding.FAST_UNPACKB, decoding.FAST_MIN = (decoding._accelerator(), 0) if fast else (None, 0)
+    try:
+        return "value", decode(data, types=REG)
+    except FormatError as exc:
+        return "error", str(exc)
+    finally:
+        decoding.FAST_UNPACKB, decoding.FAST_MIN = saved
+
+
+def _same_outcome(data: bytes) -> None:
+    fast, plain = _outcome(data, True), _outcome(data, False)
+    if fast[0] != plain[0] or fast[0] == "error":
+        assert fast == plain, (data[:100], fast, plain)
+        return
+    stack = [(fast[1], plain[1])]  # ``same``, without recursing on deep lists
+    while stack:
+        a, b = stack.pop()
+        assert type(a) is type(b), (data[:100], a, b)
+        if type(a) in (list, tuple):
+            assert len(a) == len(b)
+            stack.extend(zip(a, b, strict=True))
+        elif type(a) is dict:
+            assert len(a) == len(b) and all(map(same, a, b))
+            stack.extend(zip(a.values(), b.values(), strict=True))
+        else:
+            assert same(a, b), (data[:100], a, b)
+
+
+DIFFERENCES = [  # where ormsgpack alone would not give msgpack's result
+    encode(1) + b"\x00", encode({"a": [1, 2]}) + encode("x"), b"\x81\x91\x01\x02",
+    b"\x81\x92\x01\x02\x03", b"\x81\x80\x01", b"\x81\x01\x02", b"\x81\xc4\x01a\x02",
+    b"\x81\xc0\x01", b"\xd6\xff\x00\x00\x00\x01", msgpack.packb({"a": msgpack.Timestamp(1, 5)}),
+    b"\x82\xa1a\x01\xa1a\x02", b"\x83\xa1a\x01\xa1b\x02\xa1a\x03", b"", b"\xc4\x10",
+    b"\x92\x01", b"\x91" * 1021 + b"\x00", b"\x91" * 1022 + b"\x00", b"\x91" * 1023 + b"\x00",
+    b"\x91" * 1024 + b"\x00", b"\x91" * 100_000, b"\xdd\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff",
+    b"\xa2\xff\xfe", b"\xa3\xed\xa0\x80", b"\xca\x3f\x80\x00\x00", encode(2**64 - 1),
+    encode({(1, 2): 3}), encode({"k": {1, 2}}), ext(13, msgpack.packb(["os.system", "x"])),
+    ext(-5, b"\x00"), encode(float("nan")), encode(-0.0), encode({1.5: None, b"k": True}),
+]
+
+
+@pytest.mark.skipif(not HAS_ORMSGPACK, reason="ormsgpack is not installed")
+@pytest.mark.parametrize("data", DIFFERENCES, ids=range(len(DIFFERENCES)))
+def test_both_decoders_give_the_same_outcome(data: bytes) -> None:
+    _same_outcome(data)
+
+
+@pytest.mark.skipif(not HAS_ORMSGPACK, reason="ormsgpack is not installed")
+@given(st.one_of(st.binary(max_size=300), values.map(lambda v: encode(v, types=REG))),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3))
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+def test_both_decoders_give_the_same_outcome_fuzzed(data: bytes,
+                                                    edits: list[tuple[int, int]]) -> None:
+    out = bytearray(data)
+    for pos, byte in edits:
+        if out:
+            out[pos % len(out)] = byte
+    _same_outcome(bytes(out))
+
+
+@pytest.mark.skipif(not HAS_ORMSGPACK, reason="ormsgpack is not installed")
+def test_ormsgpack_runs_only_where_it_is_safe(decoder: str, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    calls: list[int] = []
+    real = decoding._accelerator()
+    assert real is not None
+
+    def spy(data: bytes, **kwargs: Any) -> Any:
+        calls.append(len(data))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(decoding, "FAST_UNPACKB", spy)
+    monkeypatch.setattr(decoding, "FAST_MIN", 4096)
+    state = {"messages": [{"role": "user", "content": "m" * 100, "n": i} for i in range(100)]}
+    data = encode(state)
+    assert decode(data) == state and len(calls) == 1  # the main thread, a big input: used
+    assert decode(encode([1])) == [1] and len(calls) == 1  # small: not worth it
+    assert decode(data, resolve=lambda i: i) == state and len(calls) == 1  # callbacks: once
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(decode(data)))
+    thread.start()
+    thread.join()
+    assert got == [state] and len(calls) == 1  # another thread (its stack may be small)
+    monkeypatch.setattr(decoding, "FAST_STACK", 1 << 62)
+    assert decode(data) == state and len(calls) == 1  # a main stack limit under FAST_STACK

@@ -10,6 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from cas_checkpoint import decoding
+
 EXAMPLES = int(os.environ.get("CAS_FUZZ_EXAMPLES", "300"))
 MEMORY_LIMIT = 1 << 30  # bytes of address space for the fuzzing process
 
@@ -18,7 +22,12 @@ import os, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
 import msgpack
 from hypothesis import HealthCheck, given, settings, strategies as st
-from cas_checkpoint import CasError, codec, join, tree
+from cas_checkpoint import CasError, codec, decoding, join, tree
+if sys.argv[3] == "msgpack":
+    decoding.FAST_UNPACKB = None
+else:  # ormsgpack tried first on inputs of any size (decoding.py)
+    assert decoding.FAST_UNPACKB is not None
+    decoding.FAST_MIN = 0
 from cas_checkpoint.objects import (Head, LogEntry, PackRef, Peak, Record, Segment, decode_node,
                                     encode_node, object_id)
 from cas_checkpoint.packfile import decode_pack, encode_pack
@@ -127,8 +136,11 @@ print("ok")
 """
 
 
-def test_decoders_raise_only_cas_errors_within_bounded_memory() -> None:
-    proc = subprocess.run([sys.executable, "-c", _FUZZ, str(EXAMPLES), str(MEMORY_LIMIT)],
-                          capture_output=True, text=True, timeout=900)
+@pytest.mark.parametrize("decoder", ["msgpack", "ormsgpack"])
+def test_decoders_raise_only_cas_errors_within_bounded_memory(decoder: str) -> None:
+    if decoder == "ormsgpack" and decoding._accelerator() is None:
+        pytest.skip("ormsgpack is not installed")
+    proc = subprocess.run([sys.executable, "-c", _FUZZ, str(EXAMPLES), str(MEMORY_LIMIT),
+                           decoder], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])

@@ -225,3 +225,36 @@ def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.Monkey
     other = CheckpointStore.open(root)  # another process: its first use syncs again
     other.save("u", {"blob": "z" * 20_000})
     assert os.path.join(root, "packs") in synced and root in synced
+
+
+def test_reading_back_a_ref_this_object_wrote_hashes_nothing_but_checks_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slot a backend wrote is read back without hashing (its exact bytes are compared with
+    what it wrote, checksum included); any other bytes are hashed as before."""
+    from cas_checkpoint.backends import base
+
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    backend, key = store.backend, thread_key("t")
+    assert isinstance(backend, local.LocalBackend)
+    hashed: list[int] = []
+    real_checksum, real_version = slots._checksum, base._version
+    monkeypatch.setattr(slots, "_checksum", lambda seq, head: hashed.append(1)
+                        or real_checksum(seq, head))
+    monkeypatch.setattr(local, "_version", lambda data: hashed.append(2) or real_version(data))
+    for i in range(12):  # a new file, then slots in turn, then a bigger file
+        store.save("t", {"x": "y" * (40 * i * i)})
+        hashed.clear()
+        got = backend.read_ref(key)
+        assert got is not None and hashed == [], i
+        assert got == (store.refs._decoded[key][0], real_version(got[0]))
+        other = local.LocalBackend(backend.root).read_ref(key)  # knows nothing: hashes
+        assert other == got and hashed.count(1) == 1 and hashed.count(2) == 1
+    path = _path(store, "t")
+    data = bytearray(Path(path).read_bytes())
+    live = slots.live(bytes(data))
+    assert live is not None
+    at = live.index * live.slot + slots.HEADER + len(live.head) // 2
+    data[at] ^= 1  # a byte of the live head: no longer what this object wrote
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        backend.read_ref(key)

@@ -52,6 +52,9 @@ class LocalBackend(Backend):
         self._real = os.path.realpath(self.root)
         self._dirs_made: set[str] = set()
         self._entries_synced: set[str] = set()  # folders whose own names were fsynced
+        # per ref key, the slot this object last wrote: (seq, checksum, head, version), so
+        # that reading it back hashes nothing (its exact bytes are checked instead)
+        self._written: dict[str, tuple[int, bytes, bytes, str]] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
@@ -202,8 +205,9 @@ class LocalBackend(Backend):
                 raise FormatError(f"ref {key} in {self.root} is {len(data)} bytes, larger than "
                                   f"any valid ref ({MAX_REF_BYTES}); it is corrupt or hostile")
             return data, None
+        known = self._written.get(key)
         try:
-            got = slots.live(data)
+            got = slots.live(data, None if known is None else known[:3])
         except ValueError as exc:
             raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; run "
                               "`cas-checkpoint verify`") from None
@@ -238,7 +242,7 @@ class LocalBackend(Backend):
                 os.close(fd)
             got = self._head_of(key, data)
             if got is not None:
-                return got[0], _version(got[0])
+                return got[0], self._version_of(key, got[0])
             if data == last:  # the same bytes twice, and no valid slot: damaged, not torn
                 break
             last = data  # read while a writer was rewriting it: read again
@@ -295,27 +299,42 @@ class LocalBackend(Backend):
                         current = self._head_of(key, self._read_file(key, fd))
                         if current is None:  # no writer but us: it is damaged
                             raise self._no_slot(key)
-                    if (_version(current[0]) if current else None) != expected:
+                    if (self._version_of(key, current[0]) if current else None) != expected:
                         raise RefMismatch(key)
                     live = current[1] if current else None
                     if live is not None and slots.fits(live.slot, len(data)):
-                        self._write_slot(fd, live, data)
-                        return _version(data)
+                        slot = self._write_slot(fd, live, data)
+                        return self._wrote(key, live.seq + 1, slot, data)
                 finally:
                     if fd >= 0:
                         os.close(fd)
                 seq = live.seq + 1 if live is not None else 1
-                tmp = self._write_tmp(path, slots.new_file(seq, data))
+                whole = slots.new_file(seq, data)
+                tmp = self._write_tmp(path, whole)
                 os.replace(tmp, path)
                 self._fsync_dir(os.path.dirname(path))
         except OSError as exc:
             raise StorageError(f"cannot update ref {key} in {self.root}: {exc}") from exc
-        return _version(data)
+        return self._wrote(key, seq, whole, data)
+
+    def _wrote(self, key: str, seq: int, slot: bytes, head: bytes) -> str:
+        """Remember the slot just written (durably) and return its version."""
+        version = _version(head)
+        if len(self._written) >= 4096:
+            self._written.clear()
+        self._written[key] = (seq, slots.checksum_of(slot), head, version)
+        return version
+
+    def _version_of(self, key: str, head: bytes) -> str:
+        known = self._written.get(key)
+        return known[3] if known is not None and known[2] == head else _version(head)
 
     @staticmethod
-    def _write_slot(fd: int, live: slots.Live, head: bytes) -> None:
-        """Write ``head`` into the slot that is not live, flush it, then retire the old one."""
-        view = memoryview(slots.encode_slot(live.seq + 1, head))
+    def _write_slot(fd: int, live: slots.Live, head: bytes) -> bytes:
+        """Write ``head`` into the slot that is not live, flush it, then retire the old one;
+        returns the slot's bytes."""
+        slot = slots.encode_slot(live.seq + 1, head)
+        view = memoryview(slot)
         start = at = (1 - live.index) * live.slot
         try:
             while view:
@@ -332,6 +351,7 @@ class LocalBackend(Backend):
         # damaged one is an error, not a step back. Unflushed: if lost, the old slot is valid
         # but has the lower seq.
         os.pwrite(fd, bytes(32), live.index * live.slot + slots.CHECKSUM_AT)
+        return slot
 
     def delete_ref(self, key: str, expected: str) -> None:
         path = self._path(key)

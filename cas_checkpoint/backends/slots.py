@@ -64,6 +64,11 @@ def encode_slot(seq: int, head: bytes) -> bytes:
     return _HEADER.pack(MAGIC, FORMAT, seq, len(head), _checksum(seq, head)) + head
 
 
+def checksum_of(slot: bytes) -> bytes:
+    """The checksum an ``encode_slot`` result holds."""
+    return slot[CHECKSUM_AT:HEADER]
+
+
 def slot_size(head_len: int) -> int:
     """The slot size of a new slotted file for a head of ``head_len`` bytes: room to grow to
     twice its size before the file is rewritten, in whole 4 KB blocks."""
@@ -99,10 +104,15 @@ class Live:
         self.index, self.seq, self.slot, self.head = index, seq, slot, head
 
 
-def live(data: bytes) -> Live | None:
+_RETIRED = bytes(32)
+
+
+def live(data: bytes, known: tuple[int, bytes, bytes] | None = None) -> Live | None:
     """The live slot of a slotted file's bytes, or None when neither slot is valid (a torn
     read of a file being written, or a damaged file). Raises ValueError for a file whose size
-    is not two whole slots (slotted files never change size in place: it is damaged)."""
+    is not two whole slots (slotted files never change size in place: it is damaged).
+    ``known``: (seq, checksum, head) of a slot this process wrote; a slot that holds exactly
+    those needs no hashing (its checksum was computed from them)."""
     size = len(data)
     if size < 2 * BLOCK or size % (2 * BLOCK):
         raise ValueError(f"a slotted ref of {size} bytes (not two slots of whole 4 KB blocks)")
@@ -111,10 +121,11 @@ def live(data: bytes) -> Live | None:
     for index in (0, 1):
         at = index * slot
         magic, fmt, seq, length, checksum = _HEADER.unpack_from(data, at)
-        if magic != MAGIC or fmt != FORMAT or length > slot - HEADER:
+        if magic != MAGIC or fmt != FORMAT or length > slot - HEADER or checksum == _RETIRED:
             continue
         head = data[at + HEADER:at + HEADER + length]
-        if _checksum(seq, head) != checksum:
+        if (known is None or known[0] != seq or known[1] != checksum or known[2] != head) and (
+                _checksum(seq, head) != checksum):
             continue
         if best is None or seq > best.seq:
             best = Live(index, seq, slot, head)

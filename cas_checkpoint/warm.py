@@ -1,0 +1,110 @@
+"""What a store object remembers between its operations, so that it does not read, hash or
+decode again what it just wrote or checked. Everything is keyed by content or by the very
+objects it was checked against, so nothing here can go stale:
+
+* state encodings by root id, for states this store object saved (a root id is the hash of
+  the root node, which names its children by hash); those of the other store objects of the
+  same ``memory://`` store come through ``shared.py``, used only once this reader's view holds
+  every node of the state;
+* per thread, the head this store object last saved or loaded with every check (the very
+  ``Head`` object ``RefStore.decode`` hands out while the ref's bytes do not change) and its
+  checkpoint record: a load that reads the ref, finds it decoding to that same head object and
+  has the state's encoding decodes the state straight from it, without building a view of the
+  thread's packs or decoding the record again (a *warm* load);
+* per thread, which objects its lineage is known to hold (``Known``), so a save writes only
+  what is new.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from .objects import Head, ObjectId, Record
+from .objstore import View
+from .shared import Shared
+
+STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
+THREADS_KEPT = 4096  # threads whose newest head and record are remembered
+
+
+class Known:
+    """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
+    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
+    since."""
+
+    __slots__ = ("ids", "lineage", "view")
+
+    def __init__(self, lineage: bytes, view: View | None = None) -> None:
+        self.lineage, self.view, self.ids = lineage, view, set[str]()
+
+    def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
+        base = self.view.frozen_ids() if self.view is not None else frozenset()
+        return {k: nodes[k] for k in nodes.keys() - base - self.ids}
+
+
+class Remembered:
+    """A store object's bounded memories for warm loads, safe to use from several threads."""
+
+    def __init__(self, shared: Shared | None) -> None:
+        self.shared = shared  # the other store objects of this memory:// store, or None
+        self._lock = threading.Lock()
+        self._states: OrderedDict[str, bytes] = OrderedDict()
+        self._states_bytes = 0
+        self._newest: dict[str, tuple[Head, Record]] = {}
+
+    def state(self, root: str, data: bytes, nodes: Mapping[ObjectId, bytes] | None = None
+              ) -> None:
+        """Keep a state's encoding by its root id, so a later load of it decodes it in one
+        pass; with ``nodes`` (a save's: every node of the state), for the other store objects
+        of a memory:// store too."""
+        if len(data) > STATE_CACHE_BYTES // 4:
+            return
+        if nodes is not None and self.shared is not None:
+            self.shared.keep_state(root, data, frozenset(nodes))
+        with self._lock:
+            if root not in self._states:
+                self._states_bytes += len(data)
+            self._states[root] = data
+            self._states.move_to_end(root)
+            while self._states_bytes > STATE_CACHE_BYTES:
+                self._states_bytes -= len(self._states.popitem(last=False)[1])
+
+    def encoding(self, root: str, view: View) -> bytes | None:
+        """The encoding of the state ``root`` of a checkpoint ``view`` holds: one this store
+        object saved, or one another store object of this memory:// store saved, once the view
+        is seen to hold each of its nodes (``View.check`` raises for a missing or damaged one)."""
+        with self._lock:
+            data = self._states.get(root)
+        if data is None and self.shared is not None:
+            got = self.shared.state(root)
+            if got is not None:
+                view.check(got[1])
+                data = got[0]
+                self.state(root, data)
+        return data
+
+    def newest(self, thread_id: str, head: Head, record: Record) -> None:
+        """``head`` is the one this store object saved, or loaded with every check, and
+        ``record`` the record of its head checkpoint."""
+        with self._lock:
+            if len(self._newest) >= THREADS_KEPT and thread_id not in self._newest:
+                self._newest.clear()
+            self._newest[thread_id] = (head, record)
+
+    def warm(self, thread_id: str, head: Head) -> tuple[Record, bytes] | None:
+        """The record and state encoding of ``head``'s newest checkpoint, when ``head`` is the
+        very head object remembered for the thread and the encoding is remembered; else None."""
+        with self._lock:
+            got = self._newest.get(thread_id)
+            if got is None or got[0] is not head:
+                return None
+            data = self._states.get(got[1].root)
+            if data is not None:
+                self._states.move_to_end(got[1].root)
+        return None if data is None else (got[1], data)
+
+    def forget(self, thread_id: str) -> None:
+        with self._lock:
+            self._newest.pop(thread_id, None)

@@ -1,0 +1,76 @@
+"""Warm loads (warm.py): a load of the head this store object saved, or loaded with every check,
+decodes the state from memory without building a view of the thread's packs; anything else
+(another writer's head, a damaged ref) is loaded as before."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import CheckpointStore, IntegrityError
+from cas_checkpoint.objstore import ObjectStore
+
+
+def _no_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    def view(self: ObjectStore, head: Any) -> Any:
+        raise AssertionError("a warm load built a view")
+        yield  # pragma: no cover - a step
+
+    monkeypatch.setattr(ObjectStore, "view", view)
+
+
+@pytest.fixture(params=["local", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "s")
+    return f"memory://warm-{uuid.uuid4().hex}"
+
+
+def test_a_warm_load_gives_what_a_cold_load_gives(url: str, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    store = CheckpointStore.open(url)
+    for i in range(30):
+        info = store.save("t", {"messages": [{"i": j, "x": "y" * 300} for j in range(i)],
+                                "t": (i, {i}), "n": 2 ** 70 + i},
+                          label=f"l{i}", tags=["a", str(i)], metadata={"i": [i, {"k": None}]})
+        with monkeypatch.context() as patch:
+            _no_view(patch)
+            warm = store.load("t")
+        cold = CheckpointStore.open(url).load("t")
+        assert warm == cold and warm.id == info.id and warm.label == f"l{i}"
+        assert store.load("t", info.id) == cold  # (by id: the usual path)
+
+
+def test_a_warm_load_follows_the_ref(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, other = CheckpointStore.open(url), CheckpointStore.open(url)
+    store.save("t", {"mine": 1})
+    moved = other.save("t", {"other": 1})
+    _no_view(monkeypatch)
+    with pytest.raises(AssertionError, match="built a view"):
+        store.load("t")  # another writer's head: loaded (and checked) as before
+    monkeypatch.undo()
+    got = store.load("t")
+    assert got.id == moved.id and got.state == {"other": 1}
+    got.state["other"] = 2  # the caller's copy: the next load decodes a fresh one
+    if url.startswith("memory://"):  # the other store object's encoding, checked by the load
+        _no_view(monkeypatch)
+    assert store.load("t").state == {"other": 1}
+    monkeypatch.undo()
+    store.rewind("t", store.history("t")[-1].id)  # an edit of the ref by this store object
+    assert store.load("t").state == {"mine": 1}
+
+
+def test_a_damaged_ref_is_not_served_from_memory(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"x": 1})
+    assert store.load("t").state == {"x": 1}
+    ref = next(p for p in (tmp_path / "s" / "refs" / "heads").iterdir()
+               if not p.name.endswith(".lock"))
+    data = bytearray(ref.read_bytes())
+    data[60] ^= 1  # a byte of the live slot's head
+    ref.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        store.load("t")
