@@ -53,7 +53,7 @@ class Zstd:
         """Whether ``compress`` may compress (else it always gives None)."""
         return True
 
-    def compress(self, body: bytes) -> bytes | None:
+    def compress(self, body: bytes | memoryview) -> bytes | None:
         """The compressed body, or None when it does not pay or would read as a bomb."""
         if len(body) < 64:
             return None
@@ -90,7 +90,7 @@ class Sealing(Zstd):
     def compresses(self) -> bool:
         return self.inner is not None
 
-    def compress(self, body: bytes) -> bytes | None:
+    def compress(self, body: bytes | memoryview) -> bytes | None:
         return None if self.inner is None else self.inner.compress(body)
 
 
@@ -99,18 +99,32 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
     """One pack holding ``objects`` (id -> bytes), in the order given (see the module's
     docstring); 6 or 8 bytes of index an object; a reader re-hashes an object to know its full
     id. With a ``compressor``, the body is compressed when that pays."""
+    return compress_pack(plain_pack(objects), compressor)
+
+
+def plain_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:
+    """``encode_pack`` without compression: the pack as a reader uses it (``open_pack``)."""
     lengths = list(map(len, objects.values()))
     short = max(lengths, default=0) < 1 << 16
-    prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
+    prefixes = bytes.fromhex("".join([oid[:2 * PACK_PREFIX] for oid in objects]))
     sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    packed = None
-    if compressor is not None and compressor.compresses:
-        packed = compressor.compress(b"".join(objects.values()))
-    flags = (SHORT if short else 0) | (ZSTD if packed is not None else 0)
-    head = _HEADERS[PACK] + bytes([flags]) + struct.pack(">I", len(objects))
+    head = _HEADERS[PACK] + bytes([SHORT if short else 0]) + struct.pack(">I", len(objects))
     # one join (a big body is copied once, into the pack)
-    return b"".join([head, prefixes, sizes, *((packed,) if packed is not None else
-                                              objects.values())])
+    return b"".join([head, prefixes, sizes, *objects.values()])
+
+
+def compress_pack(plain: bytes, compressor: Zstd | None) -> bytes:
+    """A plain pack (``plain_pack``) with its body compressed, if a ``compressor`` is given and
+    that pays; else ``plain`` itself."""
+    if compressor is None or not compressor.compresses:
+        return plain
+    width = 2 if plain[5] & SHORT else 4
+    (count,) = struct.unpack_from(">I", plain, 6)
+    body = 10 + count * (PACK_PREFIX + width)
+    packed = compressor.compress(memoryview(plain)[body:])
+    if packed is None:
+        return plain
+    return b"".join((plain[:5], bytes([plain[5] | ZSTD]), plain[6:body], packed))
 
 
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
