@@ -32,7 +32,9 @@ SHORT, ZSTD, ENCRYPTED = 1, 2, 4  # flag bits
 MAX_RATIO = 64  # a compressed body may expand to at most this many times its size...
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
-SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on first
+SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on first...
+SAMPLED = 1 << 20  # ...a body over this size (a smaller one is compressed at once: its sample
+# would cost half as much again as compressing it, and a wasted try costs ~1 ms at most)
 LEVELS = range(1, 20)  # zstd levels a store may use
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
@@ -63,7 +65,7 @@ class Zstd:
 
             ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
                                                             write_content_size=True)
-        if len(body) > 4 * SAMPLE:  # try three pieces first: an incompressible body (a big
+        if len(body) > SAMPLED:  # try three pieces first: an incompressible body (a big
             # random value) costs neither the time nor a second copy of itself
             n, mid = len(body), len(body) // 2
             view = memoryview(body)

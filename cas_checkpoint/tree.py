@@ -48,7 +48,6 @@ import bisect
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import islice
 from operator import sub
 from typing import Any
 
@@ -307,12 +306,10 @@ class _Builder:
             ends = old.ends[:start]
             memo.hits += start
         offset = ends[-1] if ends else 0
-        if any(type(v) in (str, bytes) and _big_enough(v) for v in islice(value, start, None)):
-            return None  # a big item gets a subtree of its own: the plain path does that
         new = item_ends(body, offset, len(value) - start)
         bounds = [offset, *new]  # new item i is body[bounds[i]:bounds[i + 1]]
         if new and max(map(sub, new, bounds)) > BIG_ITEM:
-            return None
+            return None  # a big item gets a subtree of its own: the plain path does that
         ends += new
         # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
         self.objects.update(zip(ids, datas, strict=True))
@@ -483,14 +480,6 @@ class _Builder:
 
 # (dict key or b"", value, subtree): the bytes are views into the state's encoding
 _Item = tuple[bytes | memoryview, bytes | memoryview, ObjectId | _Inline | None]
-
-
-def _big_enough(value: Any) -> bool:
-    """Whether an item could encode to more than BIG_ITEM bytes (a cheap, safe over-guess for
-    str/bytes; containers are measured when they are encoded)."""
-    if type(value) in (str, bytes):
-        return len(value) > BIG_ITEM // 4
-    return False
 
 
 def _closes(child: ObjectId, depth: int) -> bool:
