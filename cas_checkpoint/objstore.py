@@ -22,7 +22,7 @@ from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .objects import Head, ObjectId, inline_id, object_id
 from .ops import GetMany, PutMany, Sleep, Step
-from .packfile import Sealing, Zstd, open_pack, pack_prefix
+from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
 
 PREFIX = "packs"
@@ -65,7 +65,7 @@ class Pack:
     id: ObjectId
     size: int
     data: memoryview
-    index: dict[int, list[tuple[int, int]]]
+    index: PackIndex
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
@@ -105,8 +105,7 @@ class Pack:
         got = self._all
         if got is None:  # built whole, then published: another thread never sees a part of it
             got = {}
-            spans = [loc for locations in self.index.values() for loc in locations]
-            spans.sort()
+            spans = self.index.spans()  # (in the pack's order)
             index = self.index
             if self.known and len(self.known) == len(spans) and all(  # packed here, in order
                     span in index.get(pack_prefix(oid), ())
@@ -133,7 +132,7 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
     size = len(data)
     if keys is not None and crypto.is_sealed_pack(data):
         if keys.keyless and bytes(data[6:14]).hex() not in keys.keys:
-            return Pack(ObjectId(pid), size, memoryview(b""), {})
+            return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
         data = crypto.open_sealed_pack(data, keys, pack_key(pid))
     try:
         view, index = open_pack(data)

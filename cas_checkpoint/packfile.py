@@ -17,10 +17,11 @@ plain)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .errors import FormatError
@@ -159,11 +160,61 @@ def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None
         raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
 
 
-def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tuple[int, int]]]]:
-    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index: id
-    prefix (as an int) -> the (start, end) of each object whose id starts so (one, but for the
-    rare chance collision). Checks the shape only: the caller re-hashes each object it takes
-    out to find the one it wants."""
+class PackIndex(Mapping[int, list[tuple[int, int]]]):
+    """A pack's index: id prefix (as an int) -> the (start, end) of each object whose id starts
+    so (one, but for the rare chance collision). Kept compact (a dict of ints to object numbers
+    and one list of offsets, which the garbage collector need not walk), not as a list and a
+    tuple per object."""
+
+    __slots__ = ("_at", "_dups", "_ends")
+
+    def __init__(self, prefixes: tuple[int, ...] = (), ends: list[int] | None = None) -> None:
+        self._ends = ends if ends is not None else [0]  # object i is [_ends[i], _ends[i + 1])
+        self._at = dict(zip(prefixes, range(len(prefixes)), strict=True))  # prefix -> i, or -1
+        self._dups: dict[int, list[tuple[int, int]]] = {}
+        if len(self._at) < len(prefixes):  # some prefixes repeat: gather every location of each
+            times = collections.Counter(prefixes)
+            if max(times.values()) > MAX_SAME_PREFIX:
+                raise _bad(f"more than {MAX_SAME_PREFIX} objects of a pack share an id prefix")
+            for i, p in enumerate(prefixes):
+                if times[p] > 1:
+                    self._dups.setdefault(p, []).append((self._ends[i], self._ends[i + 1]))
+                    self._at[p] = -1
+
+    def get(self, prefix: int, default: Any = None) -> Any:
+        i = self._at.get(prefix)
+        if i is None:
+            return default
+        if i < 0:
+            return self._dups[prefix]
+        return [(self._ends[i], self._ends[i + 1])]
+
+    def __getitem__(self, prefix: int) -> list[tuple[int, int]]:
+        got: list[tuple[int, int]] | None = self.get(prefix)
+        if got is None:
+            raise KeyError(prefix)
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    @property
+    def count(self) -> int:
+        """Objects in the pack."""
+        return len(self._ends) - 1
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(start, end) of every object, in the pack's order."""
+        return list(zip(self._ends, self._ends[1:], strict=False))
+
+
+def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
+    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index
+    (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
+    find the one it wants."""
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
@@ -189,19 +240,10 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, dict[int, list[tupl
         view = memoryview(plain).toreadonly()  # (nothing writes to it once it is filled)
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
-    ends = list(itertools.accumulate(lengths, initial=body))
-    index = {p: [loc] for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False),
-                                         strict=False)}
-    if len(index) < count:  # some prefixes repeat: gather every location of each
-        index = {}
-        for p, loc in zip(prefixes, zip(ends, ends[1:], strict=False), strict=False):
-            index.setdefault(p, []).append(loc)
-            if len(index[p]) > MAX_SAME_PREFIX:
-                raise _bad(f"more than {MAX_SAME_PREFIX} objects of a pack share an id prefix")
-    return view, index
+    return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
 
 
-def read_pack_index(data: bytes | memoryview) -> dict[int, list[tuple[int, int]]]:
+def read_pack_index(data: bytes | memoryview) -> PackIndex:
     """The index of a plain (uncompressed) pack's bytes; ``open_pack`` for any pack."""
     view, index = open_pack(data)
     if len(view) != len(data):
@@ -217,10 +259,9 @@ def decode_pack(data: bytes | memoryview) -> dict[ObjectId, memoryview]:
     """Every object of a pack by its full id (each one hashed: tools and audits)."""
     view, index = open_pack(data)
     out: dict[ObjectId, memoryview] = {}
-    for locations in index.values():
-        for start, end in locations:
-            obj = view[start:end]
-            out[object_id(obj)] = obj
+    for start, end in index.spans():
+        obj = view[start:end]
+        out[object_id(obj)] = obj
     return out
 
 
