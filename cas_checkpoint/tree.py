@@ -45,11 +45,11 @@ checks each against the part it joins and refuses a node whose lengths disagree.
 from __future__ import annotations
 
 import bisect
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import sub
 from typing import Any
+from zlib import crc32
 
 from . import codec
 from .errors import SerializationError
@@ -162,23 +162,47 @@ class _Builder:
 
     def concat(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]) -> ObjectId:
         """A concatenation node of ``children`` (remembered by the memo, if any)."""
-        key = (shape | COUNTED * self.counted, tuple(children))
+        return self.concats(shape, [children])[0][0]
+
+    def concats(self, shape: int, groups: Sequence[Sequence[ObjectId]]
+                ) -> tuple[list[ObjectId], list[bytes], list[int]]:
+        """``concat`` of each group: (ids, bytes, lengths) of the nodes, made in one loop."""
+        counted = self.counted
+        head = shape | COUNTED * counted
         memo = self.memo
-        got = memo.index.get(key) if memo is not None else None
-        if got is not None:
-            self.objects[got[0]] = got[1]
-            self.lengths[got[0]] = got[2]
-            return got[0]
-        payload, total = self.concat_payload(shape, children)
-        data = node_bytes((payload,), children)
-        oid = object_id(data)
-        self.objects[oid] = data
-        self.lengths[oid] = total
+        remembered = memo.index if memo is not None else None
+        objects, lengths, hash_ = self.objects, self.lengths, object_id
+        ids: list[ObjectId] = []
+        datas: list[bytes] = []
+        totals: list[int] = []
+        for group in groups:
+            key = (head, tuple(group))
+            got = remembered.get(key) if remembered is not None else None
+            if got is None:
+                children = key[1]
+                parts = [lengths[c] for c in children]
+                total = sum(parts)
+                if not counted:
+                    payload = _SHAPES[shape]
+                elif max(parts) < 0x80:  # one-byte varints (the common case)
+                    payload = bytes([head, *parts])
+                else:
+                    payload = bytes([head]) + b"".join(map(varint, parts))
+                data = node_bytes((payload,), children)
+                oid = hash_(data)
+                if remembered is not None:
+                    remembered[key] = (oid, data, total)
+            else:
+                oid, data, total = got
+            objects[oid] = data
+            lengths[oid] = total
+            ids.append(oid)
+            datas.append(data)
+            totals.append(total)
         if memo is not None:
-            memo.index[key] = (oid, data, total)
-            if len(memo.index) > memo.INDEX:
+            while len(memo.index) > memo.INDEX:
                 memo.index.popitem(last=False)
-        return oid
+        return ids, datas, totals
 
     def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
         """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
@@ -398,7 +422,7 @@ class _Builder:
         weight = 64 if child is not None else len(prefix) + len(raw)
         if isinstance(child, _Inline):
             child = child.oid
-        h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
+        h = crc32(bytes.fromhex(child) if child is not None else raw, crc32(prefix))
         return h * target < weight * 0xFFFFFFFF
 
     def _groups(self, items: list[_Item], target: int) -> list[list[_Item]]:
@@ -450,11 +474,12 @@ class _Builder:
                 ends, ids, datas, totals = [], [], [], []
             first = ends[-1] if ends else 0
             new = _group_ends(level, first, depth)
-            got = [self.concat(inner, level[a:b]) for a, b in zip([first, *new], new, strict=False)]
+            got = self.concats(inner, [level[a:b] for a, b in zip([first, *new], new,
+                                                                  strict=False)])
             ends += new
-            ids += got
-            datas += [self.objects[node] for node in got]
-            totals += [self.lengths[node] for node in got]
+            ids += got[0]
+            datas += got[1]
+            totals += got[2]
             loose.append(level[ends[-1] if ends else 0:])
             built.append(_Level(level, ends, ids, datas, totals))
             if not ids:
@@ -482,18 +507,22 @@ class _Builder:
 _Item = tuple[bytes | memoryview, bytes | memoryview, ObjectId | _Inline | None]
 
 
-def _closes(child: ObjectId, depth: int) -> bool:
-    return zlib.crc32(bytes.fromhex(child), depth) & 1 == 0
+def _closing(level: list[ObjectId], first: int, depth: int) -> list[bool]:
+    """Whether each child of ``level[first:]`` closes its group when the group is long enough
+    (a 1-in-2 test of its id, salted by the level's depth)."""
+    raw = bytes.fromhex("".join(level[first:]))
+    return [crc32(raw[at:at + 32], depth) & 1 == 0 for at in range(0, len(raw), 32)]
 
 
 def _group_ends(level: list[ObjectId], first: int, depth: int) -> list[int]:
     """Where the groups of ``level[first:]`` close (exclusive ends): at a child that passes
-    ``_closes`` once its group has ``INDEX_MIN`` children, or at ``INDEX_MAX`` children."""
-    closes, out = _closes, []  # (looked up here: tests count its calls)
+    ``_closing`` once its group has ``INDEX_MIN`` children, or at ``INDEX_MAX`` children."""
+    closes = _closing(level, first, depth)  # (looked up here: tests count what it tests)
+    out: list[int] = []
     start = first  # the open group's first child
     at = start + INDEX_MIN - 1
     while at < len(level):
-        if at + 1 - start >= INDEX_MAX or closes(level[at], depth):
+        if at + 1 - start >= INDEX_MAX or closes[at - first]:
             out.append(at + 1)
             start = at + 1
             at = start + INDEX_MIN - 1

@@ -473,17 +473,18 @@ def test_an_append_hashes_and_groups_only_what_follows_the_unchanged_part(
     memo = tree.Memo()
     tree.build({"messages": items}, memo=memo)
     counts = {"closes": 0, "hashed": 0}
-    closes, object_id = tree._closes, tree.object_id
+    closing, object_id = tree._closing, tree.object_id
 
-    def counting_closes(child: Any, depth: int) -> bool:
-        counts["closes"] += 1
-        return closes(child, depth)
+    def counting_closes(level: Any, first: int, depth: int) -> list[bool]:
+        got = closing(level, first, depth)
+        counts["closes"] += len(got)  # index boundaries tested
+        return got
 
     def counting_id(data: Any) -> Any:
         counts["hashed"] += 1
         return object_id(data)
 
-    monkeypatch.setattr(tree, "_closes", counting_closes)
+    monkeypatch.setattr(tree, "_closing", counting_closes)
     monkeypatch.setattr(tree, "object_id", counting_id)
     items.append(message(5000))
     got = tree.build({"messages": items}, memo=memo)
