@@ -77,9 +77,8 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes);
     ``plains`` each pack as a reader uses it (``make_pack_plain``)."""
     inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
-    for oid, data in new.items():
-        inline.setdefault(oid, data)
-    if sum(len(d) for d in inline.values()) <= inline_max:
+    inline.update(new)  # (an id held already keeps its place: the same id, the same bytes)
+    if sum(map(len, inline.values())) <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
     ref, data, plain = make_pack_plain(inline, 0, compressor, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
