@@ -176,10 +176,10 @@ class _Builder:
         datas: list[bytes] = []
         totals: list[int] = []
         for group in groups:
-            key = (head, tuple(group))
+            key: tuple[int | ObjectId, ...] = (head, *group)  # (one tuple: less for the gc)
             got = remembered.get(key) if remembered is not None else None
             if got is None:
-                children = key[1]
+                children = group
                 parts = [lengths[c] for c in children]
                 total = sum(parts)
                 if not counted:
@@ -246,12 +246,13 @@ class _Builder:
             bounds.append(end)
         long = len(value) >= LONG_LIST
         if not subtrees:  # plain items only (the common case): cut by C loops
-            spans, closed = self._spans(view, bounds, 0, len(value), LONG_LEAF_TARGET if long
+            stops, closed = self._stops(view, bounds, 0, len(value), LONG_LEAF_TARGET if long
                                         else LEAF_TARGET)
-            if long and closed < len(spans):  # the open region: small leaves
-                tail = self._spans(view, bounds, spans.pop()[0], len(value), LONG_TAIL_TARGET)[0]
-                spans += tail
-            return self._index(self._leaf_nodes(view, bounds, spans)[0], shape)
+            if long and closed < len(stops):  # the open region: small leaves
+                stops.pop()
+                stops += self._stops(view, bounds, stops[-1] if stops else 0, len(value),
+                                     LONG_TAIL_TARGET)[0]
+            return self._index(self._leaf_nodes(view, bounds, 0, stops)[0], shape)
         items: list[_Item] = [(b"", view[a:b], subtrees.get(i))
                               for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
         if not long:
@@ -268,28 +269,28 @@ class _Builder:
         return self._index(leaves, shape)
 
     @staticmethod
-    def _spans(data: bytes | memoryview, bounds: list[int], lo: int, hi: int, target: int
-               ) -> tuple[list[tuple[int, int]], int]:
+    def _stops(data: bytes | memoryview, bounds: list[int], lo: int, hi: int, target: int
+               ) -> tuple[list[int], int]:
         """The leaves of plain items ``lo .. hi - 1`` (item i is ``data[bounds[i]:bounds[i +
-        1]]``) as (first item, end) each, and how many of them are closed (all but perhaps the
-        last): the groups of ``_groups``, found by ``scan.plain_cuts``."""
-        cuts = plain_cuts(data, bounds, lo, hi, target)
-        spans = list(zip([lo, *cuts], cuts, strict=False))
-        closed = len(spans)
-        if (cuts[-1] if cuts else lo) < hi:
-            spans.append((cuts[-1] if cuts else lo, hi))
-        return spans, closed
+        1]]``) as the end (an item number, exclusive) of each, and how many of them are closed
+        (all but perhaps the last): the groups of ``_groups``, found by ``scan.plain_cuts``."""
+        stops = plain_cuts(data, bounds, lo, hi, target)
+        closed = len(stops)
+        if (stops[-1] if stops else lo) < hi:
+            stops.append(hi)
+        return stops, closed
 
-    def _leaf_nodes(self, view: memoryview, bounds: list[int], spans: list[tuple[int, int]]
+    def _leaf_nodes(self, view: memoryview, bounds: list[int], lo: int, stops: list[int]
                     ) -> tuple[list[ObjectId], list[bytes]]:
-        """The leaf node of each span of plain items (the bytes ``_leaf`` makes of them: a
-        leaf's items lie one after another in the encoding), hashed; (ids, bytes)."""
-        heads, hash_ = _ARRAY_HEADS, object_id
+        """The leaf node of plain items ``lo`` up to each stop in turn (the bytes ``_leaf``
+        makes of them: a leaf's items lie one after another in the encoding), hashed; (ids,
+        bytes)."""
+        heads, hash_, starts = _ARRAY_HEADS, object_id, [lo, *stops]
         datas = [b"".join((_TEXT_LEAF, heads[b - a], view[bounds[a]:bounds[b]]))
-                 for a, b in spans]
+                 for a, b in zip(starts, stops, strict=False)]
         ids = [hash_(d) for d in datas]
         self.objects.update(zip(ids, datas, strict=True))
-        self.lengths.update(zip(ids, [b - a for a, b in spans], strict=True))
+        self.lengths.update(zip(ids, map(sub, stops, starts), strict=False))
         return ids, datas
 
     def _sequence_memo(self, value: list[Any], data: bytes | memoryview, shape: int
@@ -338,19 +339,20 @@ class _Builder:
         # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
         self.objects.update(zip(ids, datas, strict=True))
         self.lengths.update(zip(ids, counts, strict=True))
-        spans, closed = self._spans(body, bounds, 0, len(new), target)
+        stops, closed = self._stops(body, bounds, 0, len(new), target)
         tail: list[ObjectId] = []
-        if long and closed < len(spans):  # the open region of a long list: small leaves
-            first = spans.pop()[0]
-            tail = self._leaf_nodes(memoryview(body), bounds, self._spans(
+        if long and closed < len(stops):  # the open region of a long list: small leaves
+            stops.pop()
+            first = stops[-1] if stops else 0
+            tail = self._leaf_nodes(memoryview(body), bounds, first, self._stops(
                 body, bounds, first, len(new), LONG_TAIL_TARGET)[0])[0]
-        got, got_datas = self._leaf_nodes(memoryview(body), bounds, spans)
+        got, got_datas = self._leaf_nodes(memoryview(body), bounds, 0, stops)
         ids += got
         datas += got_datas
-        counts += [b - a for a, b in spans]
-        uptos += [start + b for _, b in spans]
-        closes += [True] * closed + [False] * (len(spans) - closed)
-        group_ends += [bounds[b] for _, b in spans]
+        counts += map(sub, stops, [0, *stops])
+        uptos += [start + b for b in stops]
+        closes += [True] * closed + [False] * (len(stops) - closed)
+        group_ends += [bounds[b] for b in stops]
         memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
                                         group_ends, target))
         return self._index(ids + tail, shape)
