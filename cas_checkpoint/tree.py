@@ -48,7 +48,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import sub
-from typing import Any
+from typing import Any, cast
 from zlib import crc32
 
 from . import codec
@@ -166,42 +166,38 @@ class _Builder:
 
     def concats(self, shape: int, groups: Sequence[Sequence[ObjectId]]
                 ) -> tuple[list[ObjectId], list[bytes], list[int]]:
-        """``concat`` of each group: (ids, bytes, lengths) of the nodes, made in one loop."""
+        """``concat`` of each group: (ids, bytes, lengths) of the nodes, made by C loops (a
+        comprehension for each step, over the groups the memo does not hold)."""
         counted = self.counted
         head = shape | COUNTED * counted
         memo = self.memo
-        remembered = memo.index if memo is not None else None
-        objects, lengths, hash_ = self.objects, self.lengths, object_id
-        ids: list[ObjectId] = []
-        datas: list[bytes] = []
-        totals: list[int] = []
-        for group in groups:
-            key: tuple[int | ObjectId, ...] = (head, *group)  # (one tuple: less for the gc)
-            got = remembered.get(key) if remembered is not None else None
-            if got is None:
-                children = group
-                parts = [lengths[c] for c in children]
-                total = sum(parts)
-                if not counted:
-                    payload = _SHAPES[shape]
-                elif max(parts) < 0x80:  # one-byte varints (the common case)
-                    payload = bytes([head, *parts])
-                else:
-                    payload = bytes([head]) + b"".join(map(varint, parts))
-                data = node_bytes((payload,), children)
-                oid = hash_(data)
-                if remembered is not None:
-                    remembered[key] = (oid, data, total)
-            else:
-                oid, data, total = got
-            objects[oid] = data
-            lengths[oid] = total
-            ids.append(oid)
-            datas.append(data)
-            totals.append(total)
-        if memo is not None:
-            while len(memo.index) > memo.INDEX:
-                memo.index.popitem(last=False)
+        keys: list[tuple[int | ObjectId, ...]] = [(head, *g) for g in groups]  # (one tuple
+        # each: less for the garbage collector)
+        got: list[tuple[ObjectId, bytes, int] | None] = (
+            list(map(memo.index.get, keys)) if memo is not None else [None] * len(keys))
+        todo = [i for i, entry in enumerate(got) if entry is None]
+        if todo:
+            lengths, hash_ = self.lengths, object_id
+            made = [groups[i] for i in todo]
+            parts = [[lengths[c] for c in g] for g in made]
+            totals = list(map(sum, parts))
+            payloads = ([bytes([head, *p]) if max(p) < 0x80 else
+                         bytes([head]) + b"".join(map(varint, p)) for p in parts] if counted
+                        else [_SHAPES[shape]] * len(parts))
+            datas = [node_bytes((payload,), g) for g, payload in zip(made, payloads,
+                                                                     strict=True)]
+            entries = list(zip(map(hash_, datas), datas, totals, strict=True))
+            for i, entry in zip(todo, entries, strict=True):
+                got[i] = entry
+            if memo is not None:
+                memo.index.update(zip([keys[i] for i in todo], entries, strict=True))
+                while len(memo.index) > memo.INDEX:
+                    memo.index.popitem(last=False)
+        done = cast("list[tuple[ObjectId, bytes, int]]", got)  # (every entry filled now)
+        ids, datas, totals = ([e[0] for e in done], [e[1] for e in done],
+                              [e[2] for e in done])
+        self.objects.update(zip(ids, datas, strict=True))
+        self.lengths.update(zip(ids, totals, strict=True))
         return ids, datas, totals
 
     def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
