@@ -149,8 +149,7 @@ class _Builder:
         self.objects[oid] = data
         return oid
 
-    def concat_payload(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]
-                       ) -> tuple[bytes, int]:
+    def concat_payload(self, shape: int, children: Sequence[ObjectId]) -> tuple[bytes, int]:
         """A concatenation's payload (its shape byte and, counted, its children's lengths) and
         its own length."""
         lengths = [self.lengths[c] for c in children]
@@ -160,14 +159,35 @@ class _Builder:
             return bytes([shape | COUNTED, *lengths]), sum(lengths)
         return bytes([shape | COUNTED]) + b"".join(map(varint, lengths)), sum(lengths)
 
-    def concat(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]) -> ObjectId:
+    def concat(self, shape: int, children: Sequence[ObjectId]) -> ObjectId:
         """A concatenation node of ``children`` (remembered by the memo, if any)."""
-        return self.concats(shape, [children])[0][0]
+        return self._concat(shape, children)[0]
+
+    def _concat(self, shape: int, children: Sequence[ObjectId]) -> tuple[ObjectId, bytes, int]:
+        """(id, bytes, length) of ``concat``: one node at a time (an append makes a few)."""
+        head = shape | COUNTED * self.counted
+        key: tuple[int | ObjectId, ...] = (head, *children)  # (one tuple: less for the gc)
+        memo = self.memo
+        got = memo.index.get(key) if memo is not None else None
+        if got is None:
+            payload, total = self.concat_payload(shape, children)
+            data = node_bytes((payload,), children)
+            got = (object_id(data), data, total)
+            if memo is not None:
+                memo.index[key] = got
+                if len(memo.index) > memo.INDEX:
+                    memo.index.popitem(last=False)
+        self.objects[got[0]] = got[1]
+        self.lengths[got[0]] = got[2]
+        return got
 
     def concats(self, shape: int, groups: Sequence[Sequence[ObjectId]]
                 ) -> tuple[list[ObjectId], list[bytes], list[int]]:
         """``concat`` of each group: (ids, bytes, lengths) of the nodes, made by C loops (a
         comprehension for each step, over the groups the memo does not hold)."""
+        if len(groups) < 8:  # (a few: one at a time costs less than setting up the loops)
+            few = [self._concat(shape, g) for g in groups]
+            return [e[0] for e in few], [e[1] for e in few], [e[2] for e in few]
         counted = self.counted
         head = shape | COUNTED * counted
         memo = self.memo
@@ -472,12 +492,13 @@ class _Builder:
                 ends, ids, datas, totals = [], [], [], []
             first = ends[-1] if ends else 0
             new = _group_ends(level, first, depth)
-            got = self.concats(inner, [level[a:b] for a, b in zip([first, *new], new,
-                                                                  strict=False)])
-            ends += new
-            ids += got[0]
-            datas += got[1]
-            totals += got[2]
+            if new:  # (an append mostly closes no group)
+                got = self.concats(inner, [level[a:b] for a, b in zip([first, *new], new,
+                                                                      strict=False)])
+                ends += new
+                ids += got[0]
+                datas += got[1]
+                totals += got[2]
             loose.append(level[ends[-1] if ends else 0:])
             built.append(_Level(level, ends, ids, datas, totals))
             if not ids:
@@ -515,6 +536,8 @@ def _closing(level: list[ObjectId], first: int, depth: int) -> list[bool]:
 def _group_ends(level: list[ObjectId], first: int, depth: int) -> list[int]:
     """Where the groups of ``level[first:]`` close (exclusive ends): at a child that passes
     ``_closing`` once its group has ``INDEX_MIN`` children, or at ``INDEX_MAX`` children."""
+    if len(level) - first < INDEX_MIN:
+        return []
     closes = _closing(level, first, depth)  # (looked up here: tests count what it tests)
     out: list[int] = []
     start = first  # the open group's first child
