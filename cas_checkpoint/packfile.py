@@ -101,8 +101,20 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
                 compressor: Zstd | None = None) -> bytes:
     """One pack holding ``objects`` (id -> bytes), in the order given (see the module's
     docstring); 6 or 8 bytes of index an object; a reader re-hashes an object to know its full
-    id. With a ``compressor``, the body is compressed when that pays."""
-    return compress_pack(plain_pack(objects), compressor)
+    id. With a ``compressor``, the body is compressed when that pays. (The body is joined once
+    to be compressed, then dropped: a big pack is not held plain and compressed at once.)"""
+    if compressor is None or not compressor.compresses:
+        return plain_pack(objects)
+    lengths = list(map(len, objects.values()))
+    short = max(lengths, default=0) < 1 << 16
+    packed = compressor.compress(b"".join(objects.values()))
+    if packed is None:
+        return plain_pack(objects)
+    prefixes = bytes.fromhex("".join([oid[:2 * PACK_PREFIX] for oid in objects]))
+    sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
+    head = _HEADERS[PACK] + bytes([(SHORT if short else 0) | ZSTD]) + struct.pack(
+        ">I", len(objects))
+    return b"".join([head, prefixes, sizes, packed])
 
 
 def plain_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
 from .objects import Head, ObjectId, PackRef, inline_id, object_id
-from .packfile import Sealing, Zstd, compress_pack, plain_pack
+from .packfile import Sealing, Zstd, compress_pack, encode_pack, plain_pack
 
 if TYPE_CHECKING:
     from .crypto import Key
@@ -37,6 +37,7 @@ def seal_pack(data: bytes, key: Key) -> bytes:
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
+PLAIN_MAX = 16 << 20  # a writer keeps the plain bytes of the packs it makes up to this size
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -53,17 +54,22 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
 
 def make_pack_plain(objects: Mapping[ObjectId, bytes | memoryview], level: int,
                     compressor: Zstd | None = None, sealer: Key | None = None
-                    ) -> tuple[PackRef, bytes, bytes]:
+                    ) -> tuple[PackRef, bytes, bytes | None]:
     """``make_pack``, and the pack as a reader uses it (plain: neither compressed nor sealed),
-    so that the writer keeps it without undoing its own compression."""
+    so that the writer keeps it without undoing its own compression; None for a pack over
+    ``PLAIN_MAX`` (not held plain and compressed at once: the memory a big save peaks at)."""
     if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
         if compressor.key is None:
             raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
                                        "cannot write; open it with encryption=Key.from_env("
                                        "'CAS_KEY')")
         sealer = compressor.key
-    plain = plain_pack(objects)
-    data = compress_pack(plain, compressor)
+    plain: bytes | None = None
+    if sum(map(len, objects.values())) <= PLAIN_MAX:
+        plain = plain_pack(objects)
+        data = compress_pack(plain, compressor)
+    else:
+        data = encode_pack(objects, compressor)
     if sealer is not None:
         data = seal_pack(data, sealer)
     return PackRef(object_id(data), level, len(data), len(objects)), data, plain
@@ -82,7 +88,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         return _with(head, head.packs, tuple(inline.values())), {}
     ref, data, plain = make_pack_plain(inline, 0, compressor, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
-    plain_of = {ref.id: plain}
+    plain_of: dict[ObjectId, bytes | None] = {ref.id: plain}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
     while True:
@@ -109,7 +115,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
     if plains is not None:
-        plains.update((pid, plain_of[pid]) for pid in written)
+        plains.update((pid, got) for pid in written if (got := plain_of[pid]) is not None)
     return _with(head, tuple(packs), ()), written
 
 
