@@ -37,6 +37,7 @@ SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on fir
 SAMPLED = 1 << 20  # ...a body over this size (a smaller one is compressed at once: its sample
 # would cost half as much again as compressing it, and a wasted try costs ~1 ms at most)
 LEVELS = range(1, 20)  # zstd levels a store may use
+FAST = 1  # the level of a big pack of one save's new objects (Zstd.fast)
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
 
@@ -50,6 +51,18 @@ class Zstd:
     def __init__(self, level: int = 3) -> None:
         self.level = level
         self._mine = threading.local()  # a zstd context is not thread-safe: one per thread
+        self._fast: Zstd | None = None
+
+    def fast(self) -> Zstd:
+        """The compressor for a big pack of one save's new objects: zstd at ``FAST`` (or the
+        store's level, if lower). Measured in a save of 1,000 messages (a 432 KB body), level 3
+        took 1.1-1.8 ms and level 1 0.9-1.2 ms, for 4% more bytes; such a pack is compressed
+        again at the store's level when merges take it (packing.py)."""
+        if self.level <= FAST:
+            return self
+        if self._fast is None:
+            self._fast = Zstd(FAST)
+        return self._fast
 
     @property
     def compresses(self) -> bool:
@@ -88,6 +101,13 @@ class Sealing(Zstd):
         super().__init__(inner.level if inner is not None else 3)
         self.inner = inner
         self.key = key
+
+    def fast(self) -> Zstd:
+        if self.inner is None or self.inner.fast() is self.inner:
+            return self
+        if self._fast is None:
+            self._fast = Sealing(self.inner.fast(), self.key)
+        return self._fast
 
     @property
     def compresses(self) -> bool:

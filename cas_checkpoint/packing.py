@@ -38,6 +38,7 @@ INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pa
 MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
 PLAIN_MAX = 16 << 20  # a writer keeps the plain bytes of the packs it makes up to this size
+FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -84,9 +85,13 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     ``plains`` each pack as a reader uses it (``make_pack_plain``)."""
     inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
     inline.update(new)  # (an id held already keeps its place: the same id, the same bytes)
-    if sum(map(len, inline.values())) <= inline_max:
+    size = sum(map(len, inline.values()))
+    if size <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
-    ref, data, plain = make_pack_plain(inline, 0, compressor, sealer)
+    # a big first pack (a whole state's first save) is compressed fast: a merge that takes it
+    # compresses it again at the store's level
+    fresh_by = compressor.fast() if compressor is not None and size > FAST_MIN else compressor
+    ref, data, plain = make_pack_plain(inline, 0, fresh_by, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
     plain_of: dict[ObjectId, bytes | None] = {ref.id: plain}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
