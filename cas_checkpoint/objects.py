@@ -42,7 +42,7 @@ leaves room for compression and encryption.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -67,7 +67,18 @@ INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives 
 
 def object_id(data: bytes | memoryview) -> ObjectId:
     """The BLAKE3 name of ``data``."""
-    return ObjectId(blake3.blake3(data).hexdigest())
+    # Hashers are reused (making one costs more than hashing a 400-byte node): each call takes
+    # one out of the pool while it works, so a call from another thread, or one nested in this
+    # one (a signal handler, a finalizer), never shares it; one that raises is not put back.
+    hasher = _HASHERS.pop() if _HASHERS else blake3.blake3()
+    hasher.update(data)
+    oid: ObjectId = hasher.digest().hex()  # type: ignore[assignment]
+    hasher.reset()
+    _HASHERS.append(hasher)
+    return oid
+
+
+_HASHERS: list[blake3.blake3] = []  # idle hashers, each reset (list pop/append are atomic)
 
 
 _SEEN: dict[int, tuple[bytes, ObjectId]] = {}  # id(bytes object) -> (it, its name)
@@ -155,11 +166,16 @@ def encode_node(payload: bytes, children: tuple[str, ...] = ()) -> bytes:
     return node_bytes((payload,), children)
 
 
-def node_bytes(parts: Iterable[bytes | memoryview], children: Iterable[str] = ()) -> bytes:
+def node_bytes(parts: Iterable[bytes | memoryview], children: Sequence[str] = ()) -> bytes:
     """``encode_node`` of the payload ``parts`` joined, in one copy (a big payload is not
     copied again to be joined first)."""
-    ids = [_bin_id(child) for child in children]
-    return b"".join([_HEADERS[NODE], varint(len(ids)), *ids, *parts])
+    if not children:
+        return b"".join([_LEAF_HEADER, *parts])
+    return b"".join([_HEADERS[NODE], varint(len(children)), bytes.fromhex("".join(children)),
+                     *parts])
+
+
+_LEAF_HEADER = _HEADERS[NODE] + varint(0)  # a node without children: no ids follow
 
 
 def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryview]:

@@ -22,7 +22,7 @@ from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .objects import Head, ObjectId, inline_id, object_id
 from .ops import GetMany, PutMany, Sleep, Step
-from .packfile import Sealing, Zstd, open_pack, pack_prefix
+from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
 
 PREFIX = "packs"
@@ -65,7 +65,7 @@ class Pack:
     id: ObjectId
     size: int
     data: memoryview
-    index: dict[int, list[tuple[int, int]]]
+    index: PackIndex
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
@@ -105,8 +105,7 @@ class Pack:
         got = self._all
         if got is None:  # built whole, then published: another thread never sees a part of it
             got = {}
-            spans = [loc for locations in self.index.values() for loc in locations]
-            spans.sort()
+            spans = self.index.spans()  # (in the pack's order)
             index = self.index
             if self.known and len(self.known) == len(spans) and all(  # packed here, in order
                     span in index.get(pack_prefix(oid), ())
@@ -133,7 +132,7 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
     size = len(data)
     if keys is not None and crypto.is_sealed_pack(data):
         if keys.keyless and bytes(data[6:14]).hex() not in keys.keys:
-            return Pack(ObjectId(pid), size, memoryview(b""), {})
+            return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
         data = crypto.open_sealed_pack(data, keys, pack_key(pid))
     try:
         view, index = open_pack(data)
@@ -349,14 +348,17 @@ class ObjectStore:
     # --- packs (steps: see ops.py) ---
 
     def put_packs(self, packs: dict[ObjectId, bytes],
-                  contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None) -> Step[None]:
+                  contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
+                  plains: dict[ObjectId, bytes] | None = None) -> Step[None]:
         """Write packs that are not there yet (each completely or not at all); writing one that
         exists refreshes its modified time, for gc. ``contents``: the ids of each pack's objects,
-        as this process hashed them when it made the pack (they need no hashing again)."""
+        as this process hashed them when it made the pack (they need no hashing again);
+        ``plains``: each pack as a reader uses it, as this process made it (not decompressed
+        or decrypted again)."""
         if not packs:
             return
         yield PutMany({pack_key(k): v for k, v in packs.items()})
-        self._remember_new(packs, contents or {})
+        self._remember_new(packs, contents or {}, plains or {})
 
     def put_packs_now(self, packs: dict[ObjectId, bytes]) -> None:
         """``put_packs`` with the sync primitives (a local ref update's refresh, which runs
@@ -364,9 +366,17 @@ class ObjectStore:
         self.backend.put_many({pack_key(k): v for k, v in packs.items()})
 
     def _remember_new(self, packs: dict[ObjectId, bytes],
-                      contents: dict[ObjectId, tuple[ObjectId, ...]]) -> None:
+                      contents: dict[ObjectId, tuple[ObjectId, ...]],
+                      plains: dict[ObjectId, bytes]) -> None:
         for pid, data in packs.items():
-            pack = self.parse(pid, data, trusted=True)
+            plain = plains.get(pid)
+            if plain is None:
+                pack = self.parse(pid, data, trusted=True)
+            else:  # (what parse would give: the same index, over the same plain bytes)
+                view, index = open_pack(plain)
+                pack = Pack(pid, len(data), view, index)
+                if self.keyring is not None and crypto.is_sealed_pack(data):
+                    self.sealed_by[pid] = bytes(data[6:14]).hex()
             pack.known = contents.get(pid, ())
             pack.verified.update(pack.known)
             self._remember(pack)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
 from .objects import Head, ObjectId, PackRef, inline_id, object_id
-from .packfile import Sealing, Zstd, encode_pack
+from .packfile import Sealing, Zstd, compress_pack, encode_pack, plain_pack
 
 if TYPE_CHECKING:
     from .crypto import Key
@@ -37,6 +37,8 @@ def seal_pack(data: bytes, key: Key) -> bytes:
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
+PLAIN_MAX = 16 << 20  # a writer keeps the plain bytes of the packs it makes up to this size
+FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -47,31 +49,51 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
               ) -> tuple[PackRef, bytes]:
     """A pack of ``objects`` (compressed, then sealed under ``sealer``'s key, when given),
     named by the hash of its stored bytes."""
+    ref, data, _ = make_pack_plain(objects, level, compressor, sealer)
+    return ref, data
+
+
+def make_pack_plain(objects: Mapping[ObjectId, bytes | memoryview], level: int,
+                    compressor: Zstd | None = None, sealer: Key | None = None
+                    ) -> tuple[PackRef, bytes, bytes | None]:
+    """``make_pack``, and the pack as a reader uses it (plain: neither compressed nor sealed),
+    so that the writer keeps it without undoing its own compression; None for a pack over
+    ``PLAIN_MAX`` (not held plain and compressed at once: the memory a big save peaks at)."""
     if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
         if compressor.key is None:
             raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
                                        "cannot write; open it with encryption=Key.from_env("
                                        "'CAS_KEY')")
         sealer = compressor.key
-    data = encode_pack({k: bytes(v) for k, v in objects.items()}, compressor)
+    plain: bytes | None = None
+    if sum(map(len, objects.values())) <= PLAIN_MAX:
+        plain = plain_pack(objects)
+        data = compress_pack(plain, compressor)
+    else:
+        data = encode_pack(objects, compressor)
     if sealer is not None:
         data = seal_pack(data, sealer)
-    return PackRef(object_id(data), level, len(data), len(objects)), data
+    return PackRef(object_id(data), level, len(data), len(objects)), data, plain
 
 
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
           inline_max: int = INLINE_MAX, compressor: Zstd | None = None,
-          sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None
-          ) -> tuple[Head, dict[ObjectId, bytes]]:
+          sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
+          plains: dict[ObjectId, bytes] | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes).
-    ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes)."""
+    ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes);
+    ``plains`` each pack as a reader uses it (``make_pack_plain``)."""
     inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
-    for oid, data in new.items():
-        inline.setdefault(oid, data)
-    if sum(len(d) for d in inline.values()) <= inline_max:
+    inline.update(new)  # (an id held already keeps its place: the same id, the same bytes)
+    size = sum(map(len, inline.values()))
+    if size <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
-    ref, data = make_pack(inline, 0, compressor, sealer)
+    # a big first pack (a whole state's first save) is compressed fast: a merge that takes it
+    # compresses it again at the store's level
+    fresh_by = compressor.fast() if compressor is not None and size > FAST_MIN else compressor
+    ref, data, plain = make_pack_plain(inline, 0, fresh_by, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
+    plain_of: dict[ObjectId, bytes | None] = {ref.id: plain}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
     while True:
@@ -88,14 +110,17 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data = make_pack(merged, min(level, 63), compressor, sealer)
+        ref, data, plain = make_pack_plain(merged, min(level, 63), compressor, sealer)
         for p in group:
             written.pop(p.id, None)  # merged before it was ever written
         written[ref.id] = data
+        plain_of[ref.id] = plain
         fresh[ref.id] = merged
         packs = packs[: len(packs) - len(group)] + [ref]
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
+    if plains is not None:
+        plains.update((pid, got) for pid in written if (got := plain_of[pid]) is not None)
     return _with(head, tuple(packs), ()), written
 
 

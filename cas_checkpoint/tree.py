@@ -45,19 +45,18 @@ checks each against the part it joins and refuses a node whose lengths disagree.
 from __future__ import annotations
 
 import bisect
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import fastcdc
-import msgpack
+from operator import sub
+from typing import Any, cast
+from zlib import crc32
 
 from . import codec
 from .errors import SerializationError
 from .join import load
 from .links import varint
 from .objects import ObjectId, encode_node, node_bytes, object_id
+from .scan import LEAF_MAX_ITEMS, Walker, item_ends, plain_cuts, text_cuts, text_header, text_size
 from .shapes import (
     BYTES,
     COUNTED,
@@ -76,27 +75,23 @@ from .shapes import (
 from .treememo import Memo, _common_prefix, _Level, _same_groups, _SeqMemo
 
 __all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built", "Memo",
-           "build", "load"]
+           "build", "load", "text_cuts"]
 
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
 LONG_LIST = 4096  # a list of this many items or more is cut in two tiers (see sequence):
 LONG_LEAF_TARGET = 64 * 1024  # closed regions: few, large leaves load fast
 LONG_TAIL_TARGET = 1024  # the open region at the end: an append rewrites ~1 KB
-LEAF_MAX_ITEMS = 1024
 FANOUT = 4  # average children of an index node: a group closes after INDEX_MIN children at a
 INDEX_MIN, INDEX_MAX = 3, 6  # child whose id passes a 1-in-2 test, or at INDEX_MAX children
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
 DICT_SPLIT_KEYS = 64  # a dict with more keys than this is split over its pairs
 TEXT_SPLIT_MIN = 32 * 1024  # str/bytes longer than this are split with a rolling hash
-TEXT_AVG_BITS = 13  # ~8 KB average text chunk
-TEXT_MIN, TEXT_MAX = 2 * 1024, 64 * 1024
-SCAN_DIRECT = 1 << 20  # encodings up to this size are walked in memory, bigger ones read along
-JUMP_MIN = 16 * 1024  # in a big encoding, a str/bytes this long is stepped over by its header
 MEMO_MAX = 16 * 1024 * 1024  # lists encoding to more than this are not remembered (memory)
 _SHAPES = [bytes([shape]) for shape in range(256)]
 _VALUE_BYTE = _SHAPES[VALUE]
 _TEXT_LEAF = node_bytes((_VALUE_BYTE,))  # a node's header, no children, the VALUE shape
+_ARRAY_HEADS = [array_header(n) for n in range(LEAF_MAX_ITEMS + 1)]
 # Concatenations carry their children's lengths. Tests set this to False to write the layout
 # of stores made before lengths existed (which every reader must still accept).
 WRITE_LENGTHS = True
@@ -134,100 +129,6 @@ class Built:
     # up to MEMO_MAX, else a view of the encoder's buffer (not copied, dropped after the save)
 
 
-class _Chunks:
-    """A file-like reader over a buffer, so an Unpacker that only skips over items holds a
-    few KB of it at a time instead of a copy of the whole (a big state is not copied again)."""
-
-    __slots__ = ("pos", "view")
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.view, self.pos = memoryview(data), 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n < 0 else min(len(self.view), self.pos + n)
-        out = bytes(self.view[self.pos:end])
-        self.pos = end
-        return out
-
-
-def _scanner(data: bytes | memoryview) -> msgpack.Unpacker:
-    """An Unpacker to walk over ``data``'s items (``skip``/``tell``), fed without a copy of
-    ``data`` when it is big."""
-    if len(data) <= SCAN_DIRECT:
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(data) + 1,
-                                    strict_map_key=False)
-        unpacker.feed(data)
-        return unpacker
-    return msgpack.Unpacker(_Chunks(data), raw=False, max_buffer_size=len(data) + 1,
-                            strict_map_key=False, read_size=min(1 << 16, len(data) + 1))
-
-
-class _Walker:
-    """Where each item of an encoded list or dict ends (``skip``, then ``tell``). In a big
-    encoding, a long str or bytes item is stepped over by its header (the Unpacker would
-    gather the whole item in its buffer, a copy of it, just to skip it)."""
-
-    __slots__ = ("base", "unpacker", "view")
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.view, self.base = memoryview(data), 0
-        self.unpacker = _scanner(self.view)
-
-    def tell(self) -> int:
-        return self.base + int(self.unpacker.tell())
-
-    def skip(self, value: Any = None) -> None:
-        if (type(value) is str or type(value) is bytes) and len(value) >= JUMP_MIN \
-                and len(self.view) > SCAN_DIRECT:
-            pos = self.tell()
-            self.base = pos + sum(_text_size(self.view, pos))
-            self.unpacker = _scanner(self.view[self.base:])
-        else:
-            self.unpacker.skip()
-
-
-def _text_size(data: memoryview, pos: int) -> tuple[int, int]:
-    """(header, payload) bytes of the msgpack str or bin that starts at ``data[pos]``."""
-    first = data[pos]
-    if 0xA0 <= first <= 0xBF:
-        return 1, first & 0x1F
-    width = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDB: 4, 0xC6: 4}[first]  # (as codec writes)
-    return 1 + width, int.from_bytes(data[pos + 1:pos + 1 + width], "big")
-
-
-def _text_header(n: int, is_str: bool) -> bytes:
-    """The msgpack header of a str (or bin) of ``n`` bytes, as ``codec.encode`` writes it."""
-    if is_str:
-        if n < 32:
-            return bytes([0xA0 | n])
-        if n < 0x100:
-            return bytes([0xD9, n])
-        return bytes([0xDA]) + n.to_bytes(2, "big") if n < 0x10000 else \
-            bytes([0xDB]) + n.to_bytes(4, "big")
-    if n < 0x100:
-        return bytes([0xC4, n])
-    return bytes([0xC5]) + n.to_bytes(2, "big") if n < 0x10000 else \
-        bytes([0xC6]) + n.to_bytes(4, "big")
-
-
-def text_cuts(data: bytes | memoryview, utf8: bool) -> list[int]:
-    """End offsets of content-defined chunks of ``data`` (FastCDC, by the ``fastcdc`` package's
-    compiled chunker: ~2 GB/s), each moved forward to a UTF-8 character start for text."""
-    if len(data) <= TEXT_MIN:
-        return [len(data)] if data else []
-    cuts: list[int] = []
-    for chunk in fastcdc.fastcdc(data, TEXT_MIN, 1 << TEXT_AVG_BITS, TEXT_MAX):
-        cut = chunk.offset + chunk.length
-        if utf8:
-            while cut < len(data) and (data[cut] & 0xC0) == 0x80:
-                cut += 1
-        if not cuts or cut > cuts[-1]:
-            cuts.append(cut)
-    if cuts[-1] != len(data):
-        cuts.append(len(data))
-    return cuts
-
-
 class _Builder:
     def __init__(self, types: codec.TypeRegistry | None, memo: Memo | None = None) -> None:
         self.types = types
@@ -248,34 +149,76 @@ class _Builder:
         self.objects[oid] = data
         return oid
 
-    def concat_payload(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]
-                       ) -> tuple[bytes, int]:
+    def concat_payload(self, shape: int, children: Sequence[ObjectId]) -> tuple[bytes, int]:
         """A concatenation's payload (its shape byte and, counted, its children's lengths) and
         its own length."""
         lengths = [self.lengths[c] for c in children]
         if not self.counted:
-            return bytes([shape]), sum(lengths)
+            return _SHAPES[shape], sum(lengths)
+        if max(lengths, default=0) < 0x80:  # one-byte varints (the common case)
+            return bytes([shape | COUNTED, *lengths]), sum(lengths)
         return bytes([shape | COUNTED]) + b"".join(map(varint, lengths)), sum(lengths)
 
-    def concat(self, shape: int, children: list[ObjectId] | tuple[ObjectId, ...]) -> ObjectId:
+    def concat(self, shape: int, children: Sequence[ObjectId]) -> ObjectId:
         """A concatenation node of ``children`` (remembered by the memo, if any)."""
-        key = (shape | COUNTED * self.counted, tuple(children))
+        return self._concat(shape, children)[0]
+
+    def _concat(self, shape: int, children: Sequence[ObjectId]) -> tuple[ObjectId, bytes, int]:
+        """(id, bytes, length) of ``concat``: one node at a time (an append makes a few)."""
+        head = shape | COUNTED * self.counted
+        key: tuple[int | ObjectId, ...] = (head, *children)  # (one tuple: less for the gc)
         memo = self.memo
         got = memo.index.get(key) if memo is not None else None
-        if got is not None:
-            self.objects[got[0]] = got[1]
-            self.lengths[got[0]] = got[2]
-            return got[0]
-        payload, total = self.concat_payload(shape, children)
-        data = encode_node(payload, tuple(children))
-        oid = object_id(data)
-        self.objects[oid] = data
-        self.lengths[oid] = total
-        if memo is not None:
-            memo.index[key] = (oid, data, total)
-            if len(memo.index) > memo.INDEX:
-                memo.index.popitem(last=False)
-        return oid
+        if got is None:
+            payload, total = self.concat_payload(shape, children)
+            data = node_bytes((payload,), children)
+            got = (object_id(data), data, total)
+            if memo is not None:
+                memo.index[key] = got
+                if len(memo.index) > memo.INDEX:
+                    memo.index.popitem(last=False)
+        self.objects[got[0]] = got[1]
+        self.lengths[got[0]] = got[2]
+        return got
+
+    def concats(self, shape: int, groups: Sequence[Sequence[ObjectId]]
+                ) -> tuple[list[ObjectId], list[bytes], list[int]]:
+        """``concat`` of each group: (ids, bytes, lengths) of the nodes, made by C loops (a
+        comprehension for each step, over the groups the memo does not hold)."""
+        if len(groups) < 8:  # (a few: one at a time costs less than setting up the loops)
+            few = [self._concat(shape, g) for g in groups]
+            return [e[0] for e in few], [e[1] for e in few], [e[2] for e in few]
+        counted = self.counted
+        head = shape | COUNTED * counted
+        memo = self.memo
+        keys: list[tuple[int | ObjectId, ...]] = [(head, *g) for g in groups]  # (one tuple
+        # each: less for the garbage collector)
+        got: list[tuple[ObjectId, bytes, int] | None] = (
+            list(map(memo.index.get, keys)) if memo is not None else [None] * len(keys))
+        todo = [i for i, entry in enumerate(got) if entry is None]
+        if todo:
+            lengths, hash_ = self.lengths, object_id
+            made = [groups[i] for i in todo]
+            parts = [[lengths[c] for c in g] for g in made]
+            totals = list(map(sum, parts))
+            payloads = ([bytes([head, *p]) if max(p) < 0x80 else
+                         bytes([head]) + b"".join(map(varint, p)) for p in parts] if counted
+                        else [_SHAPES[shape]] * len(parts))
+            datas = [node_bytes((payload,), g) for g, payload in zip(made, payloads,
+                                                                     strict=True)]
+            entries = list(zip(map(hash_, datas), datas, totals, strict=True))
+            for i, entry in zip(todo, entries, strict=True):
+                got[i] = entry
+            if memo is not None:
+                memo.index.update(zip([keys[i] for i in todo], entries, strict=True))
+                while len(memo.index) > memo.INDEX:
+                    memo.index.popitem(last=False)
+        done = cast("list[tuple[ObjectId, bytes, int]]", got)  # (every entry filled now)
+        ids, datas, totals = ([e[0] for e in done], [e[1] for e in done],
+                              [e[2] for e in done])
+        self.objects.update(zip(ids, datas, strict=True))
+        self.lengths.update(zip(ids, totals, strict=True))
+        return ids, datas, totals
 
     def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
         """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
@@ -305,31 +248,66 @@ class _Builder:
             got = self._sequence_memo(value, data, shape)
             if got is not None:
                 return got
-        walker = _Walker(data)
+        walker = Walker(data)
         if walker.unpacker.read_array_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a list's length")
-        items: list[_Item] = []
-        pos = walker.tell()
         view = memoryview(data)  # item bytes are views: a big state is not copied again
-        for item in value:
+        bounds = [walker.tell()]  # item i is view[bounds[i]:bounds[i + 1]]
+        subtrees: dict[int, ObjectId | _Inline] = {}
+        for at, item in enumerate(value):
             walker.skip(item)
             end = walker.tell()
-            raw = view[pos:end]
-            pos = end
-            big = len(raw) > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes)
-            items.append((b"", raw, self.subtree(item, raw) if big else None))
-        if len(items) < LONG_LIST:
+            if end - bounds[-1] > BIG_ITEM and type(item) in (list, tuple, dict, str, bytes):
+                subtrees[at] = self.subtree(item, view[bounds[-1]:end])
+            bounds.append(end)
+        long = len(value) >= LONG_LIST
+        if not subtrees:  # plain items only (the common case): cut by C loops
+            stops, closed = self._stops(view, bounds, 0, len(value), LONG_LEAF_TARGET if long
+                                        else LEAF_TARGET)
+            if long and closed < len(stops):  # the open region: small leaves
+                stops.pop()
+                stops += self._stops(view, bounds, stops[-1] if stops else 0, len(value),
+                                     LONG_TAIL_TARGET)[0]
+            return self._index(self._leaf_nodes(view, bounds, 0, stops)[0], shape)
+        items: list[_Item] = [(b"", view[a:b], subtrees.get(i))
+                              for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+        if not long:
             return self._index(self._leaves(items, array_header), shape)
         # a long list: regions closed by a rarer boundary become one big leaf each (few nodes
         # to read); the last, open region is cut as usual (an append writes a small leaf)
         regions = self._groups(items, LONG_LEAF_TARGET)
         leaves = [self._leaf(region, array_header) for region in regions[:-1]]
         last = regions[-1] if regions else []
-        if last and self._cuts(last[-1], LONG_LEAF_TARGET):
+        if last and (self._cuts(last[-1], LONG_LEAF_TARGET) or len(last) >= LEAF_MAX_ITEMS):
             leaves.append(self._leaf(last, array_header))
         else:
             leaves += self._leaves(last, array_header, LONG_TAIL_TARGET)
         return self._index(leaves, shape)
+
+    @staticmethod
+    def _stops(data: bytes | memoryview, bounds: list[int], lo: int, hi: int, target: int
+               ) -> tuple[list[int], int]:
+        """The leaves of plain items ``lo .. hi - 1`` (item i is ``data[bounds[i]:bounds[i +
+        1]]``) as the end (an item number, exclusive) of each, and how many of them are closed
+        (all but perhaps the last): the groups of ``_groups``, found by ``scan.plain_cuts``."""
+        stops = plain_cuts(data, bounds, lo, hi, target)
+        closed = len(stops)
+        if (stops[-1] if stops else lo) < hi:
+            stops.append(hi)
+        return stops, closed
+
+    def _leaf_nodes(self, view: memoryview, bounds: list[int], lo: int, stops: list[int]
+                    ) -> tuple[list[ObjectId], list[bytes]]:
+        """The leaf node of plain items ``lo`` up to each stop in turn (the bytes ``_leaf``
+        makes of them: a leaf's items lie one after another in the encoding), hashed; (ids,
+        bytes)."""
+        heads, hash_, starts = _ARRAY_HEADS, object_id, [lo, *stops]
+        datas = [b"".join((_TEXT_LEAF, heads[b - a], view[bounds[a]:bounds[b]]))
+                 for a, b in zip(starts, stops, strict=False)]
+        ids = [hash_(d) for d in datas]
+        self.objects.update(zip(ids, datas, strict=True))
+        self.lengths.update(zip(ids, map(sub, stops, starts), strict=False))
+        return ids, datas
 
     def _sequence_memo(self, value: list[Any], data: bytes | memoryview, shape: int
                        ) -> _Inline | None:
@@ -369,46 +347,34 @@ class _Builder:
             ends = old.ends[:start]
             memo.hits += start
         offset = ends[-1] if ends else 0
-        rest = value[start:]
-        if any(type(v) in (list, tuple, dict, str, bytes) and _big_enough(v) for v in rest):
+        new = item_ends(body, offset, len(value) - start)
+        bounds = [offset, *new]  # new item i is body[bounds[i]:bounds[i + 1]]
+        if new and max(map(sub, new, bounds)) > BIG_ITEM:
             return None  # a big item gets a subtree of its own: the plain path does that
-        items: list[_Item] = []
-        unpacker = msgpack.Unpacker(None, raw=False, max_buffer_size=len(body) - offset + 1)
-        unpacker.feed(body[offset:])
-        pos = 0
-        for _ in rest:
-            unpacker.skip()
-            end = unpacker.tell()
-            raw = bytes(body[offset + pos:offset + end])
-            if len(raw) > BIG_ITEM:
-                return None
-            items.append((b"", raw, None))
-            pos = end
-            ends.append(offset + end)
+        ends += new
         # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
         self.objects.update(zip(ids, datas, strict=True))
         self.lengths.update(zip(ids, counts, strict=True))
-        upto = start
+        stops, closed = self._stops(body, bounds, 0, len(new), target)
         tail: list[ObjectId] = []
-        for group in self._groups(items, target):
-            closed = self._cuts(group[-1], target) or len(group) >= LEAF_MAX_ITEMS
-            if long and not closed:  # the open region of a long list: small leaves
-                tail = self._leaves(group, array_header, LONG_TAIL_TARGET)
-                break
-            leaf = self._leaf(group, array_header)
-            upto += len(group)
-            uptos.append(upto)
-            ids.append(leaf)
-            closes.append(closed)
-            datas.append(self.objects[leaf])
-            counts.append(len(group))
-            group_ends.append(ends[upto - 1])
+        if long and closed < len(stops):  # the open region of a long list: small leaves
+            stops.pop()
+            first = stops[-1] if stops else 0
+            tail = self._leaf_nodes(memoryview(body), bounds, first, self._stops(
+                body, bounds, first, len(new), LONG_TAIL_TARGET)[0])[0]
+        got, got_datas = self._leaf_nodes(memoryview(body), bounds, 0, stops)
+        ids += got
+        datas += got_datas
+        counts += map(sub, stops, [0, *stops])
+        uptos += [start + b for b in stops]
+        closes += [True] * closed + [False] * (len(stops) - closed)
+        group_ends += [bounds[b] for b in stops]
         memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
                                         group_ends, target))
         return self._index(ids + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
-        walker = _Walker(data)
+        walker = Walker(data)
         if walker.unpacker.read_map_header() != len(value):
             raise AssertionError("codec and msgpack disagree on a dict's length")
         pairs: list[_Item] = []
@@ -432,7 +398,7 @@ class _Builder:
         first: each leaf's bytes are joined once, into its node)."""
         is_str = isinstance(value, str)
         view = memoryview(data)
-        header, size = _text_size(view, 0)
+        header, size = text_size(view, 0)
         raw = view[header:header + size]
         chars = not is_str or value.isascii()  # a piece's length is its byte count
         start, leaves = 0, []
@@ -440,7 +406,7 @@ class _Builder:
         for cut in text_cuts(raw, is_str):
             piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
             # a leaf node without children: node_bytes((_VALUE_BYTE, header, piece)), inlined
-            leaf_data = b"".join((_TEXT_LEAF, _text_header(cut - start, is_str), piece))
+            leaf_data = b"".join((_TEXT_LEAF, text_header(cut - start, is_str), piece))
             leaf = object_id(leaf_data)
             objects[leaf] = leaf_data
             lengths[leaf] = cut - start if chars else len(str(piece, "utf-8"))
@@ -474,7 +440,7 @@ class _Builder:
         weight = 64 if child is not None else len(prefix) + len(raw)
         if isinstance(child, _Inline):
             child = child.oid
-        h = zlib.crc32(bytes.fromhex(child) if child is not None else raw, zlib.crc32(prefix))
+        h = crc32(bytes.fromhex(child) if child is not None else raw, crc32(prefix))
         return h * target < weight * 0xFFFFFFFF
 
     def _groups(self, items: list[_Item], target: int) -> list[list[_Item]]:
@@ -524,18 +490,16 @@ class _Builder:
                 self.lengths.update(zip(ids, totals, strict=True))
             else:
                 ends, ids, datas, totals = [], [], [], []
-            group: list[ObjectId] = []
-            for at in range(ends[-1] if ends else 0, len(level)):
-                child = level[at]
-                group.append(child)
-                if len(group) >= INDEX_MIN and _closes(child, depth) or len(group) >= INDEX_MAX:
-                    node = self.concat(inner, group)
-                    ends.append(at + 1)
-                    ids.append(node)
-                    datas.append(self.objects[node])
-                    totals.append(self.lengths[node])
-                    group = []
-            loose.append(group)
+            first = ends[-1] if ends else 0
+            new = _group_ends(level, first, depth)
+            if new:  # (an append mostly closes no group)
+                got = self.concats(inner, [level[a:b] for a, b in zip([first, *new], new,
+                                                                      strict=False)])
+                ends += new
+                ids += got[0]
+                datas += got[1]
+                totals += got[2]
+            loose.append(level[ends[-1] if ends else 0:])
             built.append(_Level(level, ends, ids, datas, totals))
             if not ids:
                 level = []
@@ -562,16 +526,30 @@ class _Builder:
 _Item = tuple[bytes | memoryview, bytes | memoryview, ObjectId | _Inline | None]
 
 
-def _big_enough(value: Any) -> bool:
-    """Whether an item could encode to more than BIG_ITEM bytes (a cheap, safe over-guess for
-    str/bytes; containers are measured when they are encoded)."""
-    if type(value) in (str, bytes):
-        return len(value) > BIG_ITEM // 4
-    return False
+def _closing(level: list[ObjectId], first: int, depth: int) -> list[bool]:
+    """Whether each child of ``level[first:]`` closes its group when the group is long enough
+    (a 1-in-2 test of its id, salted by the level's depth)."""
+    raw = bytes.fromhex("".join(level[first:]))
+    return [crc32(raw[at:at + 32], depth) & 1 == 0 for at in range(0, len(raw), 32)]
 
 
-def _closes(child: ObjectId, depth: int) -> bool:
-    return zlib.crc32(bytes.fromhex(child), depth) & 1 == 0
+def _group_ends(level: list[ObjectId], first: int, depth: int) -> list[int]:
+    """Where the groups of ``level[first:]`` close (exclusive ends): at a child that passes
+    ``_closing`` once its group has ``INDEX_MIN`` children, or at ``INDEX_MAX`` children."""
+    if len(level) - first < INDEX_MIN:
+        return []
+    closes = _closing(level, first, depth)  # (looked up here: tests count what it tests)
+    out: list[int] = []
+    start = first  # the open group's first child
+    at = start + INDEX_MIN - 1
+    while at < len(level):
+        if at + 1 - start >= INDEX_MAX or closes[at - first]:
+            out.append(at + 1)
+            start = at + 1
+            at = start + INDEX_MIN - 1
+        else:
+            at += 1
+    return out
 
 
 def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None = None

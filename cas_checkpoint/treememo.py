@@ -66,8 +66,8 @@ class Memo:
     SEQS = 64
     INDEX = 1 << 16
     seqs: OrderedDict[bytes, _SeqMemo] = field(default_factory=OrderedDict)
-    index: OrderedDict[tuple[int, tuple[ObjectId, ...]], tuple[ObjectId, bytes, int]] = field(
-        default_factory=OrderedDict)
+    index: OrderedDict[tuple[int | ObjectId, ...], tuple[ObjectId, bytes, int]] = field(
+        default_factory=OrderedDict)  # (shape byte, *children) -> (id, bytes, length)
     levels: OrderedDict[tuple[int, bool, ObjectId], list[_Level]] = field(
         default_factory=OrderedDict)  # index levels by (shape, counted, first leaf)
     hits: int = 0  # list items reused without being hashed again

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, Key, codec, tree
+from cas_checkpoint import CheckpointStore, Key, codec, scan, tree
 from cas_checkpoint import join as join_module
 from cas_checkpoint.objects import encode_node, object_id
 
@@ -63,10 +63,10 @@ def test_stepping_over_big_items_builds_the_same_tree(name: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     value = _states()[name]
     fast = tree.build(value)
-    monkeypatch.setattr(tree, "JUMP_MIN", 1 << 40)  # the Unpacker skips every item itself
+    monkeypatch.setattr(scan, "JUMP_MIN", 1 << 40)  # the Unpacker skips every item itself
     plain = tree.build(value)
-    monkeypatch.setattr(tree, "JUMP_MIN", 1)
-    monkeypatch.setattr(tree, "SCAN_DIRECT", 1)  # every walk reads along, and jumps
+    monkeypatch.setattr(scan, "JUMP_MIN", 1)
+    monkeypatch.setattr(scan, "SCAN_DIRECT", 1)  # every walk reads along, and jumps
     jumpy = tree.build(value)
     assert fast.root == plain.root == jumpy.root
     assert fast.objects == plain.objects == jumpy.objects

@@ -272,7 +272,7 @@ def test_damaged_frame_headers_never_reach_an_allocation() -> None:
 
 
 def test_a_big_incompressible_body_is_tried_on_a_sample_only() -> None:
-    """A body over 256 KB is tried on three 64 KB pieces first: random bytes are stored plain
+    """A body over 1 MB is tried on three 64 KB pieces first: random bytes are stored plain
     without compressing the whole body (no second copy of a big value); text still shrinks."""
     import random
 
@@ -298,3 +298,35 @@ def test_a_big_incompressible_body_is_tried_on_a_sample_only() -> None:
     text = b" ".join(rng.choices(words, k=600_000))
     out = z.compress(text)
     assert out is not None and len(out) * 2 < len(text)
+
+
+def test_a_big_new_pack_is_compressed_fast_and_merges_at_the_stores_level(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save whose new objects pass 64 KB (a whole state's first save) compresses its pack at
+    zstd level 1; small flushes and every merge use the store's level; all of it loads."""
+    levels: list[int] = []
+    real = Zstd.compress
+
+    def spy(self: Zstd, body: Any) -> bytes | None:
+        levels.append(self.level)
+        return real(self, body)
+
+    monkeypatch.setattr(Zstd, "compress", spy)
+    store = CheckpointStore.open(str(tmp_path / "s"), compression="zstd", compression_level=7)
+    big = {"messages": [_msg(i) for i in range(400)]}  # ~170 KB of new objects
+    store.save("t", big)
+    assert levels == [1]
+    [first] = store.refs.read("t").head.packs
+    levels.clear()
+    small = _grow(store, "u", 40)  # 4 KB flushes, then merges of them
+    assert levels and set(levels) == {7}
+    levels.clear()
+    store.refs.inline_max = 1  # every save a pack: thread t's big pack is merged soon
+    for i in range(8):
+        big["messages"].append(_msg(1000 + i))
+        store.save("t", big)
+    assert 7 in levels and set(levels) <= {1, 7}
+    assert first.id not in {p.id for p in store.refs.read("t").head.packs}  # merged: level 7
+    fresh = CheckpointStore.open(str(tmp_path / "s"))
+    assert fresh.load("t").state == big and fresh.load("u").state == small
+    assert Zstd(2).fast().level == 1 and Zstd(1).fast().level == 1

@@ -261,3 +261,37 @@ def test_only_hex_hashed_keys_name_long_threads() -> None:
     assert is_hashed_key(good) and is_thread_key(good)
     bad = good[:-1] + "z"  # base32 cannot spell "h-": no thread's key at all
     assert not is_hashed_key(bad) and not is_thread_key(bad)
+
+
+def test_a_prefix_collision_inside_one_pack_finds_both_objects() -> None:
+    """Two objects of one pack whose ids share their 4-byte prefix: the index keeps both
+    locations, each object is found by its own id; a pack whose index files more than
+    ``MAX_SAME_PREFIX`` objects under one prefix is refused before anything is hashed."""
+    from cas_checkpoint.errors import FormatError
+    from cas_checkpoint.objstore import parse_pack
+    from cas_checkpoint.packfile import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
+
+    seen: dict[str, tuple[str, bytes]] = {}
+    for i in range(2_000_000):  # (a birthday: about 80,000 ids)
+        data = b"CASN\x03\x00\x00" + str(i).encode()
+        oid = object_id(data)
+        if oid[:8] in seen:
+            (a, da), (b, db) = seen[oid[:8]], (oid, data)
+            break
+        seen[oid[:8]] = (oid, data)
+    else:
+        pytest.fail("no 32-bit prefix collision in 2 million ids")
+    others = {object_id(d): d for d in (b"CASN\x03\x00\x00x", b"CASN\x03\x00\x00y")}
+    objs = {**others, ObjectId(a): da, ObjectId(b): db}
+    data = encode_pack(objs)
+    view, index = open_pack(data)
+    assert len(index) == 3 and index.count == 4
+    assert [bytes(view[s:e]) for s, e in index[pack_prefix(a)]] == [da, db]
+    assert decode_pack(data) == objs
+    pack = parse_pack(object_id(data), data)
+    assert pack.get(a) == da and pack.get(b) == db and pack.objects == objs
+    lie = bytearray(encode_pack({object_id(bytes([i])): bytes([i]) for i in range(40)}))
+    lie[10:10 + 40 * PACK_PREFIX] = lie[10:10 + PACK_PREFIX] * 40  # one prefix for all 40
+    with pytest.raises(FormatError, match="share an id prefix"):
+        open_pack(bytes(lie))
+    assert MAX_SAME_PREFIX < 40

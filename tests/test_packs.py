@@ -426,3 +426,36 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     release.set()
     first.join(5)
     assert seen == len(objs) == len(pack.objects)
+
+
+@pytest.mark.parametrize("plain_max", [packing.PLAIN_MAX, 0])
+@pytest.mark.parametrize("options", [{}, {"compression": "none"}, {"encryption": "key"}])
+def test_the_writer_keeps_its_pack_as_a_reader_would_parse_it(
+        tmp_path: Any, options: dict[str, Any], plain_max: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer keeps the packs it wrote from their plain bytes (not decompressed or decrypted
+    again), or, past ``PLAIN_MAX``, parses what it stored: the same index, bytes and size as
+    parsing what it stored; and a new store object loads the state from the stored packs."""
+    from cas_checkpoint import Key
+    from cas_checkpoint.objstore import parse_pack
+
+    monkeypatch.setattr(packing, "PLAIN_MAX", plain_max)
+    if "encryption" in options:
+        options = {"encryption": Key.generate()}
+    url = str(tmp_path / "s")
+    store = CheckpointStore.open(url, **options)
+    state = {"messages": [{"i": i, "text": f"message {i} " * 30} for i in range(300)]}
+    store.save("t", state)
+    objects = store._core.objects
+    kept = dict(objects._cache)
+    assert kept
+    for pid, pack in kept.items():
+        with open(tmp_path / "s" / pack_key(pid), "rb") as f:
+            stored = f.read()
+        parsed = parse_pack(pid, stored, keys=objects.keyring)
+        assert (pack.size, bytes(pack.data), pack.index) == (
+            parsed.size, bytes(parsed.data), parsed.index)
+        assert set(pack.known) == set(parsed.objects)
+        if "encryption" in options:
+            assert objects.sealed_by[pid] == stored[6:14].hex()
+    assert CheckpointStore.open(url, **options).load("t").state == state
