@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import FormatError
@@ -33,6 +33,7 @@ MAX_RATIO = 64  # a compressed body may expand to at most this many times its si
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
 SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on first
+BIG_BODY = 8 << 20  # a body this big is compressed by zstd's worker threads (one per core)
 LEVELS = range(1, 20)  # zstd levels a store may use
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
@@ -55,25 +56,62 @@ class Zstd:
 
     def compress(self, body: bytes) -> bytes | None:
         """The compressed body, or None when it does not pay or would read as a bomb."""
-        if len(body) < 64:
-            return None
-        ctx = getattr(self._mine, "ctx", None)
+        out = self.compress_parts([body], len(body))
+        return None if out is None else b"".join(out)
+
+    def _context(self, size: int) -> Any:
+        """This thread's zstd context (a multi-threaded one for a body of ``BIG_BODY`` or
+        more: zstd then compresses its parts on several cores, into the same one frame)."""
+        big = size >= BIG_BODY
+        ctx = getattr(self._mine, "big" if big else "ctx", None)
         if ctx is None:
             import zstandard
 
-            ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
-                                                            write_content_size=True)
-        if len(body) > 4 * SAMPLE:  # try three pieces first: an incompressible body (a big
-            # random value) costs neither the time nor a second copy of itself
-            n, mid = len(body), len(body) // 2
-            view = memoryview(body)
-            sample = b"".join((view[:SAMPLE], view[mid:mid + SAMPLE], view[n - SAMPLE:]))
-            if len(ctx.compress(sample)) > PAYS * len(sample):
+            ctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True,
+                                           threads=-1 if big else 0)
+            setattr(self._mine, "big" if big else "ctx", ctx)
+        return ctx
+
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
+                       ) -> list[bytes] | None:
+        """The body made of ``parts`` (``size`` bytes in all) compressed into one zstd frame,
+        as pieces to join (the parts are never joined first), or None when it does not pay
+        or would read as a bomb."""
+        if size < 64:
+            return None
+        ctx = self._context(size)
+        if size > 4 * SAMPLE:  # try three pieces first: an incompressible body (a big random
+            # value) costs neither the time nor a second copy of itself
+            sample = b"".join((_slice(parts, 0, SAMPLE), _slice(parts, size // 2, SAMPLE),
+                               _slice(parts, size - SAMPLE, SAMPLE)))
+            if len(self._context(0).compress(sample)) > PAYS * len(sample):
                 return None
-        out: bytes = ctx.compress(body)
-        if len(out) > PAYS * len(body) or len(body) > max(SMALL_BODY, MAX_RATIO * len(out)):
+        if len(parts) == 1:
+            out = [ctx.compress(parts[0])]
+        else:
+            stream = ctx.compressobj(size=size)
+            out = [piece for part in parts if (piece := stream.compress(part))]
+            out.append(stream.flush())
+        stored = sum(map(len, out))
+        if stored > PAYS * size or size > max(SMALL_BODY, MAX_RATIO * stored):
             return None
         return out
+
+
+def _slice(parts: Sequence[bytes | memoryview], start: int, n: int) -> bytes:
+    """``n`` bytes from offset ``start`` of the concatenation of ``parts`` (not made)."""
+    got: list[bytes | memoryview] = []
+    for part in parts:
+        if start >= len(part):
+            start -= len(part)
+            continue
+        piece = memoryview(part)[start:start + n]
+        got.append(piece)
+        n -= len(piece)
+        start = 0
+        if n <= 0:
+            break
+    return b"".join(got)
 
 
 class Sealing(Zstd):
@@ -90,8 +128,9 @@ class Sealing(Zstd):
     def compresses(self) -> bool:
         return self.inner is not None
 
-    def compress(self, body: bytes) -> bytes | None:
-        return None if self.inner is None else self.inner.compress(body)
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
+                       ) -> list[bytes] | None:
+        return None if self.inner is None else self.inner.compress_parts(parts, size)
 
 
 def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
@@ -99,18 +138,34 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
     """One pack holding ``objects`` (id -> bytes), in the order given (see the module's
     docstring); 6 or 8 bytes of index an object; a reader re-hashes an object to know its full
     id. With a ``compressor``, the body is compressed when that pays."""
-    lengths = list(map(len, objects.values()))
+    return encode_packs(objects, compressor)[0]
+
+
+def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
+                 compressor: Zstd | None = None) -> tuple[bytes, bytes]:
+    """``encode_pack``'s bytes, and the same pack as a reader sees it once it is decompressed
+    (``open_pack``): the very same bytes object when the body stays plain. The body is never
+    joined on its own: it is compressed from the objects, and copied once into each pack (the
+    compressed one first, so that a big body is not held three times over)."""
+    parts = list(objects.values())
+    lengths = list(map(len, parts))
     short = max(lengths, default=0) < 1 << 16
     prefixes = b"".join(bytes.fromhex(oid[:2 * PACK_PREFIX]) for oid in objects)
     sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    packed = None
-    if compressor is not None and compressor.compresses:
-        packed = compressor.compress(b"".join(objects.values()))
-    flags = (SHORT if short else 0) | (ZSTD if packed is not None else 0)
-    head = _HEADERS[PACK] + bytes([flags]) + struct.pack(">I", len(objects))
-    # one join (a big body is copied once, into the pack)
-    return b"".join([head, prefixes, sizes, *((packed,) if packed is not None else
-                                              objects.values())])
+    count = struct.pack(">I", len(objects))
+    plain = b"".join([_HEADERS[PACK], bytes([SHORT if short else 0]), count, prefixes, sizes,
+                      *parts]) if compressor is None or not compressor.compresses else None
+    if plain is not None:
+        return plain, plain
+    packed = compressor.compress_parts(parts, sum(lengths)) if compressor is not None else None
+    stored = None
+    if packed is not None:
+        stored = b"".join([_HEADERS[PACK], bytes([(SHORT if short else 0) | ZSTD]), count,
+                           prefixes, sizes, *packed])
+        del packed
+    plain = b"".join([_HEADERS[PACK], bytes([SHORT if short else 0]), count, prefixes, sizes,
+                      *parts])
+    return (plain if stored is None else stored), plain
 
 
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
 from .objects import Head, ObjectId, PackRef, inline_id, object_id
-from .packfile import Sealing, Zstd, encode_pack
+from .packfile import Sealing, Zstd, encode_packs
 
 if TYPE_CHECKING:
     from .crypto import Key
@@ -47,31 +47,42 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
               ) -> tuple[PackRef, bytes]:
     """A pack of ``objects`` (compressed, then sealed under ``sealer``'s key, when given),
     named by the hash of its stored bytes."""
+    ref, data, _ = make_packs(objects, level, compressor, sealer)
+    return ref, data
+
+
+def make_packs(objects: Mapping[ObjectId, bytes | memoryview], level: int,
+               compressor: Zstd | None = None, sealer: Key | None = None
+               ) -> tuple[PackRef, bytes, bytes]:
+    """``make_pack``, and the pack as a reader sees it once it is opened (decrypted and
+    decompressed): what this process keeps in its cache, not undone from the stored bytes."""
     if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
         if compressor.key is None:
             raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
                                        "cannot write; open it with encryption=Key.from_env("
                                        "'CAS_KEY')")
         sealer = compressor.key
-    data = encode_pack({k: bytes(v) for k, v in objects.items()}, compressor)
+    data, plain = encode_packs(objects, compressor)
     if sealer is not None:
         data = seal_pack(data, sealer)
-    return PackRef(object_id(data), level, len(data), len(objects)), data
+    return PackRef(object_id(data), level, len(data), len(objects)), data, plain
 
 
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
           inline_max: int = INLINE_MAX, compressor: Zstd | None = None,
-          sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None
-          ) -> tuple[Head, dict[ObjectId, bytes]]:
+          sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
+          opened: dict[ObjectId, bytes] | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes).
-    ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes)."""
+    ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes);
+    ``opened`` each pack as a reader sees it (``make_packs``)."""
     inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
     for oid, data in new.items():
         inline.setdefault(oid, data)
     if sum(len(d) for d in inline.values()) <= inline_max:
         return _with(head, head.packs, tuple(inline.values())), {}
-    ref, data = make_pack(inline, 0, compressor, sealer)
+    ref, data, plain = make_packs(inline, 0, compressor, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
+    plains: dict[ObjectId, bytes] = {ref.id: plain}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
     while True:
@@ -88,14 +99,18 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data = make_pack(merged, min(level, 63), compressor, sealer)
+        ref, data, plain = make_packs(merged, min(level, 63), compressor, sealer)
         for p in group:
             written.pop(p.id, None)  # merged before it was ever written
+            plains.pop(p.id, None)
         written[ref.id] = data
+        plains[ref.id] = plain
         fresh[ref.id] = merged
         packs = packs[: len(packs) - len(group)] + [ref]
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
+    if opened is not None:
+        opened.update(plains)
     return _with(head, tuple(packs), ()), written
 
 
