@@ -33,7 +33,6 @@ MAX_RATIO = 64  # a compressed body may expand to at most this many times its si
 SMALL_BODY = 1 << 20  # ...or to this many bytes, whichever is more
 PAYS = 0.9  # compress a body only when that saves at least 10%
 SAMPLE = 1 << 16  # bytes of each of the three pieces a big body is tried on first
-BIG_BODY = 8 << 20  # a body this big is compressed by zstd's worker threads (one per core)
 LEVELS = range(1, 20)  # zstd levels a store may use
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
 
@@ -59,32 +58,30 @@ class Zstd:
         out = self.compress_parts([body], len(body))
         return None if out is None else b"".join(out)
 
-    def _context(self, size: int) -> Any:
-        """This thread's zstd context (a multi-threaded one for a body of ``BIG_BODY`` or
-        more: zstd then compresses its parts on several cores, into the same one frame)."""
-        big = size >= BIG_BODY
-        ctx = getattr(self._mine, "big" if big else "ctx", None)
+    def _context(self) -> Any:
+        """This thread's zstd context (zstd's worker threads were tried for big bodies: no
+        faster on a busy 2-core machine, and ~58 MB more resident memory, outside Python)."""
+        ctx = getattr(self._mine, "ctx", None)
         if ctx is None:
             import zstandard
 
-            ctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True,
-                                           threads=-1 if big else 0)
-            setattr(self._mine, "big" if big else "ctx", ctx)
+            ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
+                                                            write_content_size=True)
         return ctx
 
     def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
                        ) -> list[bytes] | None:
-        """The body made of ``parts`` (``size`` bytes in all) compressed into one zstd frame,
+        """The body made of ``parts`` (``size`` bytes in all) compressed into one zstd frame
         as pieces to join (the parts are never joined first), or None when it does not pay
         or would read as a bomb."""
         if size < 64:
             return None
-        ctx = self._context(size)
+        ctx = self._context()
         if size > 4 * SAMPLE:  # try three pieces first: an incompressible body (a big random
             # value) costs neither the time nor a second copy of itself
             sample = b"".join((_slice(parts, 0, SAMPLE), _slice(parts, size // 2, SAMPLE),
                                _slice(parts, size - SAMPLE, SAMPLE)))
-            if len(self._context(0).compress(sample)) > PAYS * len(sample):
+            if len(ctx.compress(sample)) > PAYS * len(sample):
                 return None
         if len(parts) == 1:
             out = [ctx.compress(parts[0])]
