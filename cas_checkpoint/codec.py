@@ -213,10 +213,11 @@ class _Encoder:
         with self.packed(value, wrap) as buf:
             return bytes(buf[wrap:])
 
-    def packed(self, value: object, wrap: int) -> memoryview:
-        """The packer's own buffer (``wrap`` bytes of wrapping first), not copied."""
-        packer = msgpack.Packer(default=self.default, strict_types=True, buf_size=4096,
-                                autoreset=False)
+    def packed(self, value: object, wrap: int, size: int = 0) -> memoryview:
+        """The packer's own buffer (``wrap`` bytes of wrapping first), not copied; ``size``:
+        the bytes expected (the buffer starts that big, so it need not grow)."""
+        packer = msgpack.Packer(default=self.default, strict_types=True,
+                                buf_size=max(4096, size + wrap + 16), autoreset=False)
         packer.pack([[value]] if wrap == 2 else [value])
         buf: memoryview = packer.getbuffer()
         return buf
@@ -340,12 +341,14 @@ def encode(value: Any, *, types: TypeRegistry | None = None) -> bytes:
     return bytes(encode_view(value, types=types))  # copied once out of the packer's buffer
 
 
-def encode_view(value: Any, *, types: TypeRegistry | None = None) -> memoryview:
+def encode_view(value: Any, *, types: TypeRegistry | None = None, size: int = 0
+                ) -> memoryview:
     """``encode``'s bytes as a view of the encoder's own buffer: no copy of a big state (the
-    view holds the buffer, which may be up to twice as long, until it is released)."""
+    view holds the buffer, which may be up to twice as long, until it is released, unless
+    ``size`` says how long the encoding is: the length of an earlier encoding of ``value``)."""
     reg = _NO_TYPES if types is None else types
     try:  # C speed: Python runs only for non-native values
-        return _Encoder(reg).packed(value, 1)[1:]
+        return _Encoder(reg).packed(value, 1, size)[1:]
     except MemoryError:
         raise
     except Exception as exc:  # TypeError, ValueError, OverflowError, RecursionError, user code

@@ -63,10 +63,13 @@ _HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HE
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_META_BYTES = 64 * 1024
 INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
+BIG_HASH = 1 << 20  # bytes from which BLAKE3 runs on several threads (a pack, say)
 
 
 def object_id(data: bytes | memoryview) -> ObjectId:
-    """The BLAKE3 name of ``data``."""
+    """The BLAKE3 name of ``data`` (a big one hashed on every core: the same hash)."""
+    if len(data) >= BIG_HASH:
+        return ObjectId(blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest())
     # Hashers are reused (making one costs more than hashing a 400-byte node): each call takes
     # one out of the pool while it works, so a call from another thread, or one nested in this
     # one (a signal handler, a finalizer), never shares it; one that raises is not put back.

@@ -349,16 +349,16 @@ class ObjectStore:
 
     def put_packs(self, packs: dict[ObjectId, bytes],
                   contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
-                  plains: dict[ObjectId, bytes] | None = None) -> Step[None]:
+                  opened: dict[ObjectId, bytes] | None = None) -> Step[None]:
         """Write packs that are not there yet (each completely or not at all); writing one that
         exists refreshes its modified time, for gc. ``contents``: the ids of each pack's objects,
         as this process hashed them when it made the pack (they need no hashing again);
-        ``plains``: each pack as a reader uses it, as this process made it (not decompressed
-        or decrypted again)."""
+        ``opened``: each pack as this process made it before compressing and sealing it (it
+        is not decompressed or decrypted again to be cached)."""
         if not packs:
             return
         yield PutMany({pack_key(k): v for k, v in packs.items()})
-        self._remember_new(packs, contents or {}, plains or {})
+        self._remember_new(packs, contents or {}, opened or {})
 
     def put_packs_now(self, packs: dict[ObjectId, bytes]) -> None:
         """``put_packs`` with the sync primitives (a local ref update's refresh, which runs
@@ -367,14 +367,14 @@ class ObjectStore:
 
     def _remember_new(self, packs: dict[ObjectId, bytes],
                       contents: dict[ObjectId, tuple[ObjectId, ...]],
-                      plains: dict[ObjectId, bytes]) -> None:
+                      opened: dict[ObjectId, bytes]) -> None:
         for pid, data in packs.items():
-            plain = plains.get(pid)
+            plain = opened.get(pid)
             if plain is None:
                 pack = self.parse(pid, data, trusted=True)
-            else:  # (what parse would give: the same index, over the same plain bytes)
-                view, index = open_pack(plain)
-                pack = Pack(pid, len(data), view, index)
+            else:  # made here: its index is read, nothing is undone (the stored bytes are
+                view, index = open_pack(plain)  # the same pack compressed, or sealed)
+                pack = Pack(ObjectId(pid), len(data), view, index)
                 if self.keyring is not None and crypto.is_sealed_pack(data):
                     self.sealed_by[pid] = bytes(data[6:14]).hex()
             pack.known = contents.get(pid, ())

@@ -21,7 +21,7 @@ import collections
 import itertools
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import FormatError
@@ -71,25 +71,60 @@ class Zstd:
 
     def compress(self, body: bytes | memoryview) -> bytes | None:
         """The compressed body, or None when it does not pay or would read as a bomb."""
-        if len(body) < 64:
-            return None
+        out = self.compress_parts([body], len(body))
+        return None if out is None else b"".join(out)
+
+    def _context(self) -> Any:
+        """This thread's zstd context (zstd's worker threads were tried for big bodies: no
+        faster on a busy 2-core machine, and ~58 MB more resident memory, outside Python)."""
         ctx = getattr(self._mine, "ctx", None)
         if ctx is None:
             import zstandard
 
             ctx = self._mine.ctx = zstandard.ZstdCompressor(level=self.level,
                                                             write_content_size=True)
-        if len(body) > SAMPLED:  # try three pieces first: an incompressible body (a big
-            # random value) costs neither the time nor a second copy of itself
-            n, mid = len(body), len(body) // 2
-            view = memoryview(body)
-            sample = b"".join((view[:SAMPLE], view[mid:mid + SAMPLE], view[n - SAMPLE:]))
+        return ctx
+
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
+                       ) -> list[bytes] | None:
+        """The body made of ``parts`` (``size`` bytes in all) compressed into one zstd frame
+        as pieces to join (the parts are never joined first), or None when it does not pay
+        or would read as a bomb."""
+        if size < 64:
+            return None
+        ctx = self._context()
+        if size > SAMPLED:  # try three pieces first: an incompressible body (a big random
+            # value) costs neither the time nor a second copy of itself
+            sample = b"".join((_slice(parts, 0, SAMPLE), _slice(parts, size // 2, SAMPLE),
+                               _slice(parts, size - SAMPLE, SAMPLE)))
             if len(ctx.compress(sample)) > PAYS * len(sample):
                 return None
-        out: bytes = ctx.compress(body)
-        if len(out) > PAYS * len(body) or len(body) > max(SMALL_BODY, MAX_RATIO * len(out)):
+        if len(parts) == 1 or size <= SAMPLED:  # (a small body is joined: one call is
+            out = [ctx.compress(parts[0] if len(parts) == 1 else b"".join(parts))]  # cheaper)
+        else:
+            stream = ctx.compressobj(size=size)
+            out = [piece for part in parts if (piece := stream.compress(part))]
+            out.append(stream.flush())
+        stored = sum(map(len, out))
+        if stored > PAYS * size or size > max(SMALL_BODY, MAX_RATIO * stored):
             return None
         return out
+
+
+def _slice(parts: Sequence[bytes | memoryview], start: int, n: int) -> bytes:
+    """``n`` bytes from offset ``start`` of the concatenation of ``parts`` (not made)."""
+    got: list[bytes | memoryview] = []
+    for part in parts:
+        if start >= len(part):
+            start -= len(part)
+            continue
+        piece = memoryview(part)[start:start + n]
+        got.append(piece)
+        n -= len(piece)
+        start = 0
+        if n <= 0:
+            break
+    return b"".join(got)
 
 
 class Sealing(Zstd):
@@ -113,53 +148,44 @@ class Sealing(Zstd):
     def compresses(self) -> bool:
         return self.inner is not None
 
-    def compress(self, body: bytes | memoryview) -> bytes | None:
-        return None if self.inner is None else self.inner.compress(body)
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
+                       ) -> list[bytes] | None:
+        return None if self.inner is None else self.inner.compress_parts(parts, size)
 
 
 def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
                 compressor: Zstd | None = None) -> bytes:
     """One pack holding ``objects`` (id -> bytes), in the order given (see the module's
     docstring); 6 or 8 bytes of index an object; a reader re-hashes an object to know its full
-    id. With a ``compressor``, the body is compressed when that pays. (The body is joined once
-    to be compressed, then dropped: a big pack is not held plain and compressed at once.)"""
-    if compressor is None or not compressor.compresses:
-        return plain_pack(objects)
-    lengths = list(map(len, objects.values()))
-    short = max(lengths, default=0) < 1 << 16
-    packed = compressor.compress(b"".join(objects.values()))
-    if packed is None:
-        return plain_pack(objects)
-    prefixes = bytes.fromhex("".join([oid[:2 * PACK_PREFIX] for oid in objects]))
-    sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    head = _HEADERS[PACK] + bytes([(SHORT if short else 0) | ZSTD]) + struct.pack(
-        ">I", len(objects))
-    return b"".join([head, prefixes, sizes, packed])
+    id. With a ``compressor``, the body is compressed when that pays."""
+    return encode_packs(objects, compressor)[0]
 
 
-def plain_pack(objects: Mapping[ObjectId, bytes | memoryview]) -> bytes:
-    """``encode_pack`` without compression: the pack as a reader uses it (``open_pack``)."""
-    lengths = list(map(len, objects.values()))
+def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
+                 compressor: Zstd | None = None) -> tuple[bytes, bytes]:
+    """``encode_pack``'s bytes, and the same pack as a reader sees it once it is decompressed
+    (``open_pack``): the very same bytes object when the body stays plain. The body is never
+    joined on its own: it is compressed from the objects, and copied once into each pack (the
+    compressed one first, so that a big body is not held three times over)."""
+    parts = list(objects.values())
+    lengths = list(map(len, parts))
     short = max(lengths, default=0) < 1 << 16
     prefixes = bytes.fromhex("".join([oid[:2 * PACK_PREFIX] for oid in objects]))
     sizes = struct.pack(f">{len(lengths)}{'H' if short else 'I'}", *lengths)
-    head = _HEADERS[PACK] + bytes([SHORT if short else 0]) + struct.pack(">I", len(objects))
-    # one join (a big body is copied once, into the pack)
-    return b"".join([head, prefixes, sizes, *objects.values()])
-
-
-def compress_pack(plain: bytes, compressor: Zstd | None) -> bytes:
-    """A plain pack (``plain_pack``) with its body compressed, if a ``compressor`` is given and
-    that pays; else ``plain`` itself."""
-    if compressor is None or not compressor.compresses:
-        return plain
-    width = 2 if plain[5] & SHORT else 4
-    (count,) = struct.unpack_from(">I", plain, 6)
-    body = 10 + count * (PACK_PREFIX + width)
-    packed = compressor.compress(memoryview(plain)[body:])
-    if packed is None:
-        return plain
-    return b"".join((plain[:5], bytes([plain[5] | ZSTD]), plain[6:body], packed))
+    count = struct.pack(">I", len(objects))
+    plain = b"".join([_HEADERS[PACK], bytes([SHORT if short else 0]), count, prefixes, sizes,
+                      *parts]) if compressor is None or not compressor.compresses else None
+    if plain is not None:
+        return plain, plain
+    packed = compressor.compress_parts(parts, sum(lengths)) if compressor is not None else None
+    stored = None
+    if packed is not None:
+        stored = b"".join([_HEADERS[PACK], bytes([(SHORT if short else 0) | ZSTD]), count,
+                           prefixes, sizes, *packed])
+        del packed
+    plain = b"".join([_HEADERS[PACK], bytes([SHORT if short else 0]), count, prefixes, sizes,
+                      *parts])
+    return (plain if stored is None else stored), plain
 
 
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:

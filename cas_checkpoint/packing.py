@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
 from .objects import Head, ObjectId, PackRef, inline_id, object_id
-from .packfile import Sealing, Zstd, compress_pack, encode_pack, plain_pack
+from .packfile import Sealing, Zstd, encode_packs
 
 if TYPE_CHECKING:
     from .crypto import Key
@@ -49,28 +49,22 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
               ) -> tuple[PackRef, bytes]:
     """A pack of ``objects`` (compressed, then sealed under ``sealer``'s key, when given),
     named by the hash of its stored bytes."""
-    ref, data, _ = make_pack_plain(objects, level, compressor, sealer)
+    ref, data, _ = make_packs(objects, level, compressor, sealer)
     return ref, data
 
 
-def make_pack_plain(objects: Mapping[ObjectId, bytes | memoryview], level: int,
-                    compressor: Zstd | None = None, sealer: Key | None = None
-                    ) -> tuple[PackRef, bytes, bytes | None]:
-    """``make_pack``, and the pack as a reader uses it (plain: neither compressed nor sealed),
-    so that the writer keeps it without undoing its own compression; None for a pack over
-    ``PLAIN_MAX`` (not held plain and compressed at once: the memory a big save peaks at)."""
+def make_packs(objects: Mapping[ObjectId, bytes | memoryview], level: int,
+               compressor: Zstd | None = None, sealer: Key | None = None
+               ) -> tuple[PackRef, bytes, bytes]:
+    """``make_pack``, and the pack as a reader sees it once it is opened (decrypted and
+    decompressed): what this process keeps in its cache, not undone from the stored bytes."""
     if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
         if compressor.key is None:
             raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
                                        "cannot write; open it with encryption=Key.from_env("
                                        "'CAS_KEY')")
         sealer = compressor.key
-    plain: bytes | None = None
-    if sum(map(len, objects.values())) <= PLAIN_MAX:
-        plain = plain_pack(objects)
-        data = compress_pack(plain, compressor)
-    else:
-        data = encode_pack(objects, compressor)
+    data, plain = encode_packs(objects, compressor)
     if sealer is not None:
         data = seal_pack(data, sealer)
     return PackRef(object_id(data), level, len(data), len(objects)), data, plain
@@ -79,10 +73,10 @@ def make_pack_plain(objects: Mapping[ObjectId, bytes | memoryview], level: int,
 def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
           inline_max: int = INLINE_MAX, compressor: Zstd | None = None,
           sealer: Key | None = None, contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
-          plains: dict[ObjectId, bytes] | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
+          opened: dict[ObjectId, bytes] | None = None) -> tuple[Head, dict[ObjectId, bytes]]:
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes).
     ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes);
-    ``plains`` each pack as a reader uses it (``make_pack_plain``)."""
+    ``opened`` each pack as a reader sees it (``make_packs``)."""
     inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
     inline.update(new)  # (an id held already keeps its place: the same id, the same bytes)
     size = sum(map(len, inline.values()))
@@ -91,9 +85,9 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     # a big first pack (a whole state's first save) is compressed fast: a merge that takes it
     # compresses it again at the store's level
     fresh_by = compressor.fast() if compressor is not None and size > FAST_MIN else compressor
-    ref, data, plain = make_pack_plain(inline, 0, fresh_by, sealer)
+    ref, data, plain = make_packs(inline, 0, fresh_by, sealer)
     written: dict[ObjectId, bytes] = {ref.id: data}
-    plain_of: dict[ObjectId, bytes | None] = {ref.id: plain}
+    plains: dict[ObjectId, bytes] = {ref.id: plain}
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
     while True:
@@ -110,17 +104,18 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data, plain = make_pack_plain(merged, min(level, 63), compressor, sealer)
+        ref, data, plain = make_packs(merged, min(level, 63), compressor, sealer)
         for p in group:
             written.pop(p.id, None)  # merged before it was ever written
+            plains.pop(p.id, None)
         written[ref.id] = data
-        plain_of[ref.id] = plain
+        plains[ref.id] = plain
         fresh[ref.id] = merged
         packs = packs[: len(packs) - len(group)] + [ref]
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
-    if plains is not None:
-        plains.update((pid, got) for pid in written if (got := plain_of[pid]) is not None)
+    if opened is not None:
+        opened.update(plains)
     return _with(head, tuple(packs), ()), written
 
 

@@ -373,11 +373,12 @@ class RefStore:
             packs: dict[ObjectId, bytes] = {}
             if new_head is not None:
                 contents: dict[ObjectId, tuple[ObjectId, ...]] = {}
-                plains: dict[ObjectId, bytes] = {}
-                new_head, packs = yield from self._stage(new_head, new_objects, contents, plains)
+                opened: dict[ObjectId, bytes] = {}
+                new_head, packs = yield from self._stage(new_head, new_objects, contents,
+                                                         opened)
                 # packs before the ref that names them
-                yield from self.objects.put_packs(packs, contents, plains)
-                del plains
+                yield from self.objects.put_packs(packs, contents, opened)
+                del opened
             try:
                 if new_head is None:
                     if ref is not None:
@@ -407,7 +408,7 @@ class RefStore:
 
     def _stage(self, head: Head, new: dict[ObjectId, bytes],
                contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
-               plains: dict[ObjectId, bytes] | None = None
+               opened: dict[ObjectId, bytes] | None = None
                ) -> Step[tuple[Head, dict[ObjectId, bytes]]]:
         """``packing.stage``, reading the packs a merge needs (those not cached) first."""
         fetched: dict[str, Pack] = {}
@@ -416,7 +417,7 @@ class RefStore:
             try:  # (an encrypted store's compressor seals too: packfile.Sealing)
                 return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
                                      self.inline_max, compressor, contents=contents,
-                                     plains=plains)
+                                     opened=opened)
             except NeedPacks as need:
                 got = yield from self.objects.packs(need.ids)
                 fetched.update(got)

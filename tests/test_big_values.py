@@ -140,3 +140,84 @@ def _walk(value: Any) -> list[Any]:
         elif type(v) is dict:
             stack.extend(v.values())
     return out
+
+
+@pytest.mark.parametrize("opts", [{}, {"compression": "none"}, {"encryption": Key.generate()}],
+                         ids=["zstd", "plain", "encrypted"])
+def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack a save writes is cached as it was made (no decompressing or decrypting of
+    what was just compressed or sealed), and reads back the same from storage."""
+    from cas_checkpoint import crypto, packfile
+
+    calls: list[str] = []
+    real_decompress, real_open = packfile._decompress, crypto.open_sealed_pack
+
+    def decompress(*a: Any) -> None:
+        calls.append("decompress")
+        real_decompress(*a)
+
+    def open_sealed(*a: Any) -> bytes:
+        calls.append("decrypt")
+        return real_open(*a)
+
+    monkeypatch.setattr(packfile, "_decompress", decompress)
+    monkeypatch.setattr(crypto, "open_sealed_pack", open_sealed)
+    rng = random.Random(5)
+    state = {"v": _text(rng, 3 * MB), "b": rng.randbytes(MB), "w": ["word " * 400] * 30}
+    store = CheckpointStore.open(str(tmp_path / "s"), **opts)
+    store.save("warm", {"x": 1})
+    calls.clear()
+    store.save("t", state)
+    assert store.load("t").state == state
+    assert calls == []
+    again = CheckpointStore.open(str(tmp_path / "s"), **opts)
+    assert again.load("t").state == state  # from storage: the stored pack opens
+    assert calls == (["decompress"] if not opts else [] if opts.get("compression") else
+                     ["decrypt", "decompress"])
+
+
+def test_a_body_compressed_from_its_parts_is_one_frame_of_them() -> None:
+    """Compressing a pack body from its objects (never joined first) gives one frame that
+    decompresses to the objects joined."""
+    import zstandard
+
+    from cas_checkpoint import packfile
+
+    rng = random.Random(8)
+    for total, pieces in ((700_000, 90), (9 * MB, 1100)):
+        text = _text(rng, total).encode()
+        cuts = sorted(rng.sample(range(1, total), pieces - 1))
+        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+        out = packfile.Zstd(3).compress_parts(parts, total)
+        assert out is not None
+        frame = b"".join(out)
+        assert zstandard.frame_content_size(frame) == total
+        assert zstandard.ZstdDecompressor().decompress(frame) == text
+        assert packfile.Zstd(3).compress_parts([rng.randbytes(total)], total) is None
+
+
+def test_a_big_state_is_not_held_with_msgpacks_spare_buffer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past REENCODE_MIN a state is encoded again into a buffer of its size (the same bytes,
+    so the same tree): building it peaks near twice its encoding, not near three times."""
+    rng = random.Random(9)
+    state = {"docs": [_text(rng, 100_000) for _ in range(66)]}  # 6.6 MB: msgpack's buffer ~1.9x
+    size = len(codec.encode(state))
+    before = tree.build(state)
+
+    def peak_of_build() -> float:
+        tracemalloc.start()
+        try:
+            built = tree.build(state)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert built.root == before.root and built.objects == before.objects
+        return peak / size
+
+    monkeypatch.setattr(tree, "REENCODE_MIN", 1 << 40)
+    grown = peak_of_build()
+    monkeypatch.setattr(tree, "REENCODE_MIN", 1 << 20)
+    exact = peak_of_build()
+    assert exact < 2.3 < 2.6 < grown, (exact, grown)

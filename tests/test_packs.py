@@ -428,18 +428,15 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     assert seen == len(objs) == len(pack.objects)
 
 
-@pytest.mark.parametrize("plain_max", [packing.PLAIN_MAX, 0])
 @pytest.mark.parametrize("options", [{}, {"compression": "none"}, {"encryption": "key"}])
 def test_the_writer_keeps_its_pack_as_a_reader_would_parse_it(
-        tmp_path: Any, options: dict[str, Any], plain_max: int,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Any, options: dict[str, Any]) -> None:
     """A writer keeps the packs it wrote from their plain bytes (not decompressed or decrypted
-    again), or, past ``PLAIN_MAX``, parses what it stored: the same index, bytes and size as
-    parsing what it stored; and a new store object loads the state from the stored packs."""
+    again): the same index, bytes and size as parsing what it stored; and a new store object
+    loads the state from the stored packs."""
     from cas_checkpoint import Key
     from cas_checkpoint.objstore import parse_pack
 
-    monkeypatch.setattr(packing, "PLAIN_MAX", plain_max)
     if "encryption" in options:
         options = {"encryption": Key.generate()}
     url = str(tmp_path / "s")
