@@ -305,13 +305,13 @@ def test_a_big_new_pack_is_compressed_fast_and_merges_at_the_stores_level(
     """A save whose new objects pass 64 KB (a whole state's first save) compresses its pack at
     zstd level 1; small flushes and every merge use the store's level; all of it loads."""
     levels: list[int] = []
-    real = Zstd.compress
+    real = Zstd.compress_parts
 
-    def spy(self: Zstd, body: Any) -> bytes | None:
+    def spy(self: Zstd, parts: Any, size: int) -> list[bytes] | None:
         levels.append(self.level)
-        return real(self, body)
+        return real(self, parts, size)
 
-    monkeypatch.setattr(Zstd, "compress", spy)
+    monkeypatch.setattr(Zstd, "compress_parts", spy)
     store = CheckpointStore.open(str(tmp_path / "s"), compression="zstd", compression_level=7)
     big = {"messages": [_msg(i) for i in range(400)]}  # ~170 KB of new objects
     store.save("t", big)
