@@ -247,6 +247,18 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
             return self._dups[prefix]
         return [(self._ends[i], self._ends[i + 1])]
 
+    def find(self, oids: list[str]) -> tuple[list[tuple[str, int, int]], list[str]]:
+        """((oid, start, end) of each of ``oids`` whose id prefix names one object here, the
+        other oids): a batch of lookups (an oid whose prefix several objects share is among
+        the others, for ``get`` to resolve)."""
+        at, ends = self._at, self._ends
+        where = [at.get(int(oid[:2 * PACK_PREFIX], 16), -1) for oid in oids]
+        found = [(oid, ends[i], ends[i + 1]) for oid, i in zip(oids, where, strict=True)
+                 if i >= 0]
+        other = ([] if len(found) == len(oids) else
+                 [oid for oid, i in zip(oids, where, strict=True) if i < 0])
+        return found, other
+
     def __getitem__(self, prefix: int) -> list[tuple[int, int]]:
         got: list[tuple[int, int]] | None = self.get(prefix)
         if got is None:
