@@ -210,8 +210,8 @@ class _Joiner:
         if items is _PENDING:
             return _PENDING
         count, parts = items
-        head = map_header(count) if is_map else array_header(count)
-        joined = codec.decode(head + b"".join(parts), types=self.types)
+        parts.insert(0, map_header(count) if is_map else array_header(count))
+        joined = codec.decode(b"".join(parts), types=self.types)
         return tuple(joined) if shape == TUPLE else joined
 
     def flat_text(self, shape: int, children: tuple[ObjectId, ...],

@@ -101,15 +101,18 @@ class Pack:
         if not found:
             return other
         data, verified = self.data, self.verified
+        ids = [oid for oid, _, _ in found]
         views = [data[start:end] for _, start, end in found]
-        fresh = [i for i, (oid, _, _) in enumerate(found) if oid not in verified]
-        names = object_ids([views[i] for i in fresh])
-        bad = {found[i][0] for i, name in zip(fresh, names, strict=True)
-               if name != found[i][0]}
-        verified.update(found[i][0] for i in fresh if found[i][0] not in bad)
+        fresh = [i for i, oid in enumerate(ids) if oid not in verified] if verified else None
+        checked = ids if fresh is None else [ids[i] for i in fresh]
+        names = object_ids(views if fresh is None else [views[i] for i in fresh])
+        bad = {oid for oid, name in zip(checked, names, strict=True) if name != oid}
+        verified.update([oid for oid in checked if oid not in bad] if bad else checked)
         other.extend(bad)
-        out.update((oid, view) for (oid, _, _), view in zip(found, views, strict=True)
-                   if oid not in bad)
+        if bad:
+            out.update((oid, v) for oid, v in zip(ids, views, strict=True) if oid not in bad)
+        else:
+            out.update(zip(ids, views, strict=True))
         return other
 
     def __contains__(self, oid: object) -> bool:
