@@ -97,12 +97,11 @@ class Pack:
         """``get_view`` of a batch: each of ``oids`` that this pack holds, hashed against its
         id (unless hashed before), goes into ``out``; returns the others (not here, a prefix
         that several objects share, or bytes of another id: ``get_view`` says which)."""
-        found, other = self.index.find(oids)
-        if not found:
+        ids, starts, ends, other = self.index.find(oids)
+        if not ids:
             return other
         data, verified = self.data, self.verified
-        ids = [oid for oid, _, _ in found]
-        views = [data[start:end] for _, start, end in found]
+        views = list(map(data.__getitem__, map(slice, starts, ends)))
         fresh = [i for i, oid in enumerate(ids) if oid not in verified] if verified else None
         checked = ids if fresh is None else [ids[i] for i in fresh]
         names = object_ids(views if fresh is None else [views[i] for i in fresh])

@@ -247,17 +247,19 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
             return self._dups[prefix]
         return [(self._ends[i], self._ends[i + 1])]
 
-    def find(self, oids: list[str]) -> tuple[list[tuple[str, int, int]], list[str]]:
-        """((oid, start, end) of each of ``oids`` whose id prefix names one object here, the
-        other oids): a batch of lookups (an oid whose prefix several objects share is among
-        the others, for ``get`` to resolve)."""
+    def find(self, oids: list[str]) -> tuple[list[str], list[int], list[int], list[str]]:
+        """(the oids of ``oids`` whose id prefix names one object here, the start and the end
+        of each, the other oids): a batch of lookups (an oid whose prefix several objects
+        share is among the others, for ``get`` to resolve)."""
         at, ends = self._at, self._ends
         where = [at.get(int(oid[:2 * PACK_PREFIX], 16), -1) for oid in oids]
-        found = [(oid, ends[i], ends[i + 1]) for oid, i in zip(oids, where, strict=True)
-                 if i >= 0]
-        other = ([] if len(found) == len(oids) else
-                 [oid for oid, i in zip(oids, where, strict=True) if i < 0])
-        return found, other
+        if -1 not in where:  # (the common case: every one is here, once)
+            return oids, [ends[i] for i in where], [ends[i + 1] for i in where], []
+        here = [i >= 0 for i in where]
+        found = list(itertools.compress(oids, here))
+        at_ = [i for i in where if i >= 0]
+        other = [oid for oid, i in zip(oids, where, strict=True) if i < 0]
+        return found, [ends[i] for i in at_], [ends[i + 1] for i in at_], other
 
     def __getitem__(self, prefix: int) -> list[tuple[int, int]]:
         got: list[tuple[int, int]] | None = self.get(prefix)
