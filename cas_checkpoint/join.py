@@ -24,7 +24,7 @@ from typing import Any
 
 from . import codec
 from .errors import FormatError
-from .objects import ObjectId, decode_node
+from .objects import ObjectId, decode_nodes
 from .shapes import (
     BYTES,
     DICT,
@@ -53,17 +53,15 @@ def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
     nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
     frontier: list[ObjectId] = [root]
     distinct = 0
-    while frontier:
+    while frontier:  # a level at a time, each node decoded in one pass over the level
         got = fetch(frontier)
-        nxt: list[ObjectId] = []
-        for oid in frontier:
-            children, payload = decode_node(got[oid])
-            nodes[oid] = (children, payload)
-            distinct += len(payload) + ID_COST * len(children)
-            nxt.extend(children)
+        level = decode_nodes([got[oid] for oid in frontier])
+        nodes.update(zip(frontier, level, strict=True))
+        distinct += sum([len(payload) + ID_COST * len(kids) for kids, payload in level])
         if distinct > LOAD_BUDGET:
             raise FormatError(f"the state under {root} has more than {LOAD_BUDGET} bytes of "
                               "distinct nodes; the store is corrupt or hostile")
+        nxt = [c for kids, _ in level for c in kids]
         frontier = [c for c in dict.fromkeys(nxt) if c not in nodes]
     if seen is not None:
         seen.update(nodes)
@@ -212,8 +210,8 @@ class _Joiner:
         if items is _PENDING:
             return _PENDING
         count, parts = items
-        head = map_header(count) if is_map else array_header(count)
-        joined = codec.decode(head + b"".join(parts), types=self.types)
+        parts.insert(0, map_header(count) if is_map else array_header(count))
+        joined = codec.decode(b"".join(parts), types=self.types)
         return tuple(joined) if shape == TUPLE else joined
 
     def flat_text(self, shape: int, children: tuple[ObjectId, ...],
@@ -247,42 +245,64 @@ class _Joiner:
         """(count, parts) of the leaves under ``children`` (concatenations of shape ``inner``
         down to leaves without children, each taken apart by ``leaf``: its part and how many
         items, pairs, characters or bytes it holds), or ``_PENDING``. Each length given is
-        checked against what its child holds."""
-        parts: list[Any] = []
-        count = 0
-        # (node, its depth, its length or None) or, to check a length, (node, -1, expected
-        # count when it ends): a node's check is popped after everything under it
-        stack: list[tuple[ObjectId, int, int | None]] = []
-
-        def push(kids: tuple[ObjectId, ...], level: int, got: tuple[int, ...] | None) -> None:
-            for i in range(len(kids) - 1, -1, -1):
-                stack.append((kids[i], level, None if got is None else got[i]))
-
-        push(children, depth + 1, lengths)
+        checked against what its child holds. Each node is charged to the budget and checked
+        as ``visit`` does, in one loop over its parent's children (a leaf that is a short
+        array or map, the common case, is cut in place)."""
+        nodes, parts = self.nodes, list[Any]()
+        append = parts.append
+        small = {LIST: 0x90, DICT: 0x80}.get(inner, -1)
+        count, budget = 0, self.budget
+        # (siblings, their depth, their lengths or None) or, to check a length, (node id,
+        # -1, the count expected when it ends): a node's check is popped after its children
+        stack: list[tuple[Any, int, Any]] = [(children, depth + 1, lengths)]
         while stack:
-            oid, level, want = stack.pop()
+            kids, level, want = stack.pop()
             if level < 0:
                 if count != want:
-                    raise FormatError(f"state node {oid} is said to hold a different number of "
-                                      "items than it does; the node is corrupt")
+                    raise _miscount(kids)
                 continue
-            if want is not None:
-                stack.append((oid, -1, count + want))
-            kids, payload = self.visit(oid, level)
-            kind = payload[0]
-            if kind != VALUE:
-                if kind & 0x0F != inner:
+            for i, oid in enumerate(kids):
+                sub, payload = nodes[oid]
+                budget -= len(payload) + ID_COST * len(sub)
+                if level > MAX_DEPTH or budget < 0 or not payload:
+                    self.budget = budget
+                    self.visit(oid, level)  # raises
+                kind = payload[0]
+                if kind != VALUE:
+                    if kind & 0x0F != inner:
+                        self.budget = budget
+                        return _PENDING
+                    if i + 1 < len(kids):  # the siblings after it, once it is done
+                        stack.append((kids[i + 1:], level, None if want is None else
+                                      want[i + 1:]))
+                    if want is not None:
+                        stack.append((oid, -1, count + want[i]))
+                    stack.append((sub, level + 1, concat_lengths(oid, payload, len(sub))[1]))
+                    break
+                if sub or len(payload) < 2:
+                    self.budget = budget
                     return _PENDING
-                push(kids, level + 1, concat_lengths(oid, payload, len(kids))[1])
-                continue
-            if kids or len(payload) < 2:
-                return _PENDING
-            got = leaf(payload)
-            if got is None:
-                return _PENDING
-            parts.append(got[0])
-            count += got[1]
+                first = payload[1]
+                if first & 0xF0 == small:
+                    append(payload[2:])
+                    n = first & 0x0F
+                else:
+                    got = leaf(payload)
+                    if got is None:
+                        self.budget = budget
+                        return _PENDING
+                    append(got[0])
+                    n = got[1]
+                if want is not None and n != want[i]:
+                    raise _miscount(oid)
+                count += n
+        self.budget = budget
         return count, parts
+
+
+def _miscount(oid: str) -> FormatError:
+    return FormatError(f"state node {oid} is said to hold a different number of items than it "
+                       "does; the node is corrupt")
 
 
 def _text_payload(data: memoryview, is_str: bool) -> memoryview | None:

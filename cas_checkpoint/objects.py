@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 import blake3
 import msgpack
@@ -82,6 +82,17 @@ def object_id(data: bytes | memoryview) -> ObjectId:
 
 
 _HASHERS: list[blake3.blake3] = []  # idle hashers, each reset (list pop/append are atomic)
+
+
+def object_ids(datas: Sequence[bytes | memoryview]) -> list[ObjectId]:
+    """``object_id`` of each of ``datas``, in one pass over a reused hasher (a load's nodes)."""
+    if not datas or max(map(len, datas)) >= BIG_HASH:
+        return [object_id(d) for d in datas]
+    hasher = _HASHERS.pop() if _HASHERS else blake3.blake3()
+    update, digest, reset = hasher.update, hasher.hexdigest, hasher.reset
+    out = [(update(d), digest(), reset())[1] for d in datas]
+    _HASHERS.append(hasher)
+    return cast(list[ObjectId], out)
 
 
 _SEEN: dict[int, tuple[bytes, ObjectId]] = {}  # id(bytes object) -> (it, its name)
@@ -189,15 +200,32 @@ def decode_node(data: bytes | memoryview) -> tuple[tuple[ObjectId, ...], memoryv
     view = memoryview(data)
     if len(view) > 5 and view[5] == 0:  # no children: the common leaf
         return (), view[6:]
-    got = read_varint(view, 5, 6)
-    if got is None:
-        raise _bad("truncated node header")
-    count, pos = got
+    if len(view) > 5 and view[5] < 0x80:  # under 128 children: a one-byte count
+        count, pos = view[5], 6
+    else:
+        got = read_varint(view, 5, 6)
+        if got is None:
+            raise _bad("truncated node header")
+        count, pos = got
     end = pos + 32 * count
     if end > len(view):
         raise _bad(f"node names {count} children but is only {len(view)} bytes long")
-    children = tuple(ObjectId(bytes(view[i : i + 32]).hex()) for i in range(pos, end, 32))
+    ids = view[pos:end].hex()  # (one hex string cut in 64s: no bytes made per child)
+    children = tuple([ObjectId(ids[i : i + 64]) for i in range(0, len(ids), 64)])
     return children, view[end:]
+
+
+def decode_nodes(datas: list[bytes | memoryview]) -> list[tuple[tuple[ObjectId, ...],
+                                                                  memoryview]]:
+    """``decode_node`` of each of ``datas`` (a leaf, the common case, is cut in place)."""
+    leaf = _LEAF_HEADER
+    out: list[tuple[tuple[ObjectId, ...], memoryview]] = []
+    for data in datas:
+        if data[:6] == leaf and type(data) is memoryview:
+            out.append(((), data[6:]))
+        else:
+            out.append(decode_node(data))
+    return out
 
 
 # --- log entries and checkpoint records --------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from . import crypto, marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
-from .objects import Head, ObjectId, inline_id, object_id
+from .objects import Head, ObjectId, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
@@ -92,6 +92,27 @@ class Pack:
         # An object of this id prefix whose bytes hash to another id: by chance another object
         # (then the wanted one is elsewhere), or a pack that lies. The caller decides.
         raise PrefixMismatch(IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})"))
+
+    def take_views(self, oids: list[str], out: dict[str, bytes | memoryview]) -> list[str]:
+        """``get_view`` of a batch: each of ``oids`` that this pack holds, hashed against its
+        id (unless hashed before), goes into ``out``; returns the others (not here, a prefix
+        that several objects share, or bytes of another id: ``get_view`` says which)."""
+        ids, starts, ends, other = self.index.find(oids)
+        if not ids:
+            return other
+        data, verified = self.data, self.verified
+        views = list(map(data.__getitem__, map(slice, starts, ends)))
+        fresh = [i for i, oid in enumerate(ids) if oid not in verified] if verified else None
+        checked = ids if fresh is None else [ids[i] for i in fresh]
+        names = object_ids(views if fresh is None else [views[i] for i in fresh])
+        bad = {oid for oid, name in zip(checked, names, strict=True) if name != oid}
+        verified.update([oid for oid in checked if oid not in bad] if bad else checked)
+        other.extend(bad)
+        if bad:
+            out.update((oid, v) for oid, v in zip(ids, views, strict=True) if oid not in bad)
+        else:
+            out.update(zip(ids, views, strict=True))
+        return other
 
     def __contains__(self, oid: object) -> bool:
         try:
@@ -189,8 +210,26 @@ class View:
             self.get(oid)
 
     def get_views(self, oids: Iterable[str]) -> dict[str, bytes | memoryview]:
-        """``get_many`` without copying objects out of their packs."""
-        return {oid: self.get_view(oid) for oid in dict.fromkeys(oids)}
+        """``get_many`` without copying objects out of their packs: looked up and hashed a
+        batch a pack (what the batch cannot settle, ``get_view`` settles or refuses)."""
+        out: dict[str, bytes | memoryview] = {}
+        todo = list(dict.fromkeys(oids))
+        if self.inline:
+            inline, rest = self.inline, []
+            for oid in todo:
+                data = inline.get(oid)
+                if data is None:
+                    rest.append(oid)
+                else:
+                    out[oid] = data
+            todo = rest
+        for pack in self.packs:
+            if not todo:
+                break
+            todo = pack.take_views(todo, out)
+        for oid in todo:
+            out[oid] = self.get_view(oid)
+        return out
 
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""

@@ -189,33 +189,41 @@ def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
 
 
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
-    """Append to ``out`` the ``size`` bytes that the zstd frame at ``data[start:]`` holds."""
-    stored = len(data) - start
-    if size > max(SMALL_BODY, MAX_RATIO * stored):
-        raise _bad(f"a compressed pack body of {stored} bytes claims to expand to {size} "
-                   f"(more than {MAX_RATIO}x): a decompression bomb or a damaged index")
+    """Fill the last ``size`` bytes of ``out`` (made to its full size by the caller, after
+    ``_check_ratio``) with what the zstd frame at ``data[start:]`` holds."""
     try:
         import zstandard
     except ImportError:  # pragma: no cover - a dependency of this package
         raise FormatError("this pack is zstd-compressed: pip install zstandard") from None
-    # Streamed, never sized by the frame's header: output is read up to one byte past what the
-    # index says, and the window a frame may ask for is bounded; damage cannot ask for more.
-    # Each chunk is appended where it goes (no list of parts joined, then copied again).
+    # Streamed, never sized by the frame's header: output goes straight where it belongs (no
+    # chunk made, then copied), and one byte past what the index says is asked for; the window
+    # a frame may ask for is bounded. Damage cannot ask for more.
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-    got, want = 0, len(out) + size
+    dest = memoryview(out)[len(out) - size:]
+    got, extra = 0, bytearray(1)
     try:
         with dctx.stream_reader(data[start:], read_across_frames=False) as reader:
-            while got <= size:
-                chunk = reader.read(min(size + 1 - got, 1 << 20))
-                if not chunk:
+            while got < size:
+                n = reader.readinto(dest[got:got + (1 << 20)])
+                if not n:
                     break
-                out += chunk
-                got += len(chunk)
+                got += n
+            if got == size:
+                got += reader.readinto(extra)
     except (zstandard.ZstdError, MemoryError) as exc:
         raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
                    ) from None
-    if len(out) != want:
+    finally:
+        dest.release()
+    if got != size:
         raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
+
+
+def _check_ratio(stored: int, size: int) -> None:
+    """FormatError for a body of ``stored`` bytes said to expand to ``size``: a bomb."""
+    if size > max(SMALL_BODY, MAX_RATIO * stored):
+        raise _bad(f"a compressed pack body of {stored} bytes claims to expand to {size} "
+                   f"(more than {MAX_RATIO}x): a decompression bomb or a damaged index")
 
 
 class PackIndex(Mapping[int, list[tuple[int, int]]]):
@@ -246,6 +254,20 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
         if i < 0:
             return self._dups[prefix]
         return [(self._ends[i], self._ends[i + 1])]
+
+    def find(self, oids: list[str]) -> tuple[list[str], list[int], list[int], list[str]]:
+        """(the oids of ``oids`` whose id prefix names one object here, the start and the end
+        of each, the other oids): a batch of lookups (an oid whose prefix several objects
+        share is among the others, for ``get`` to resolve)."""
+        at, ends = self._at, self._ends
+        where = [at.get(int(oid[:2 * PACK_PREFIX], 16), -1) for oid in oids]
+        if -1 not in where:  # (the common case: every one is here, once)
+            return oids, [ends[i] for i in where], [ends[i + 1] for i in where], []
+        here = [i >= 0 for i in where]
+        found = list(itertools.compress(oids, here))
+        at_ = [i for i in where if i >= 0]
+        other = [oid for oid, i in zip(oids, where, strict=True) if i < 0]
+        return found, [ends[i] for i in at_], [ends[i + 1] for i in at_], other
 
     def __getitem__(self, prefix: int) -> list[tuple[int, int]]:
         got: list[tuple[int, int]] | None = self.get(prefix)
@@ -292,7 +314,9 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
                                  10 + count * PACK_PREFIX)
     total = sum(lengths)
     if view[5] & ZSTD:
-        plain = bytearray(view[:body])
+        _check_ratio(len(view) - body, total)  # (before anything is allocated)
+        plain = bytearray(body + total)
+        plain[:body] = view[:body]
         plain[5] &= ~ZSTD
         _decompress(view, body, total, plain)
         view = memoryview(plain).toreadonly()  # (nothing writes to it once it is filled)

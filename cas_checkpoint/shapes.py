@@ -58,6 +58,8 @@ def concat_lengths(oid: str, payload: memoryview | bytes, children: int
             raise FormatError(f"state node {oid} (shape {byte}) has bytes after its shape; the "
                               "node is corrupt")
         return shape, None
+    if len(payload) == children + 1 and max(payload[1:], default=0) < 0x80:
+        return shape, tuple(payload[1:])  # one byte each (the common case): minimal varints
     got = read_varints(payload, 1, children) if children < len(payload) else None
     if got is None or got[1] != len(payload):
         raise FormatError(f"state node {oid} does not give exactly one length per child "
