@@ -98,8 +98,7 @@ class Core:
         root_node = nodes[root]
         inline = root_node if inlinable(root_node) else None
         if inline is not None:
-            nodes = dict(nodes)
-            del nodes[root]
+            del nodes[root]  # (the build's own dict: nothing else holds it)
         current = self._known.get(thread_id, UNSET)
         known = self._have.get(thread_id)
         saved: dict[str, Any] = {}

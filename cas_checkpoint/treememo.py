@@ -45,6 +45,8 @@ def _same_groups(level: list[ObjectId], old: _Level) -> int:
     """How many of ``old``'s closed groups ``level`` starts with (the same children up to the
     group's end): the largest such count, by bisection (a common prefix only grows)."""
     hi = bisect.bisect_right(old.ends, len(level))
+    if hi and level[:old.ends[hi - 1]] == old.children[:old.ends[hi - 1]]:
+        return hi  # (an append: every group that fits is the same, one comparison says so)
     lo = 0  # invariant: lo groups are the same; more than hi are not
     while lo < hi:
         mid = (lo + hi + 1) // 2
