@@ -103,6 +103,15 @@ def inline_id(data: bytes) -> ObjectId:
     return oid
 
 
+def hashed(data: bytes, oid: ObjectId) -> None:
+    """Tell ``inline_id`` that ``data`` hashes to ``oid``: the caller has just hashed these
+    very bytes (a save's root node, which its record checks)."""
+    if type(data) is bytes and len(data) <= 64 * 1024:
+        if len(_SEEN) >= SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[id(data)] = (data, oid)
+
+
 def is_object_id(text: object) -> bool:
     return isinstance(text, str) and _ID_RE.match(text) is not None
 
@@ -406,7 +415,7 @@ class Record:
         elif not inlinable(self.root_node):
             raise ValueError("root_node is not a state node that fits in a record; pass "
                              "root_node=None and store the node as an object")
-        elif object_id(self.root_node) != self.root:
+        elif inline_id(self.root_node) != self.root:
             raise ValueError("root_node does not hash to root")
         else:
             root = self.root_node[5:]
