@@ -24,7 +24,7 @@ from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, inlinable, object_id
+from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, hashed, inlinable, object_id
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -98,8 +98,8 @@ class Core:
         root_node = nodes[root]
         inline = root_node if inlinable(root_node) else None
         if inline is not None:
-            nodes = dict(nodes)
-            del nodes[root]
+            del nodes[root]  # (the build's own dict: nothing else holds it)
+            hashed(inline, root)  # (the build hashed it: its record need not again)
         current = self._known.get(thread_id, UNSET)
         known = self._have.get(thread_id)
         saved: dict[str, Any] = {}

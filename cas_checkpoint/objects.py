@@ -114,6 +114,15 @@ def inline_id(data: bytes) -> ObjectId:
     return oid
 
 
+def hashed(data: bytes, oid: ObjectId) -> None:
+    """Tell ``inline_id`` that ``data`` hashes to ``oid``: the caller has just hashed these
+    very bytes (a save's root node, which its record checks)."""
+    if type(data) is bytes and len(data) <= 64 * 1024:
+        if len(_SEEN) >= SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[id(data)] = (data, oid)
+
+
 def is_object_id(text: object) -> bool:
     return isinstance(text, str) and _ID_RE.match(text) is not None
 
@@ -288,6 +297,56 @@ def _pack_entries(entries: tuple[LogEntry, ...]) -> list[list[Any]]:
     return out
 
 
+def _list_header(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items."""
+    if n < 16:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
+
+
+_PACKED: dict[tuple[int, CheckpointId | None], tuple[LogEntry, bytes]] = {}
+PACKED_MAX = 4096  # log entries whose bytes are remembered (a head's tail holds up to 15)
+
+
+def _packed_entries(entries: tuple[LogEntry, ...]) -> bytes:
+    """``msgpack.packb(_pack_entries(entries))``, each entry's bytes remembered for the very
+    same ``LogEntry`` object (kept alive with them, so its identity is not reused) after the
+    same predecessor. An entry's fields are immutable but for its metadata dict, which is the
+    caller's: the bytes are those of the first encoding, made by the save that wrote the
+    entry's record, so the head's copy of an entry keeps matching its record even if the
+    caller changes that dict afterwards."""
+    parts = [_list_header(len(entries))]
+    prev: CheckpointId | None = None
+    for entry in entries:
+        key = (id(entry), prev)
+        got = _PACKED.get(key)
+        if got is not None and got[0] is entry:
+            parts.append(got[1])
+        else:
+            data: bytes = msgpack.packb(entry.pack(prev), use_bin_type=True)
+            if len(_PACKED) >= PACKED_MAX:
+                _PACKED.clear()
+            _PACKED[key] = (entry, data)
+            parts.append(data)
+        prev = entry.id
+    return b"".join(parts)
+
+
+_PACKED_REFS: dict[PackRef, bytes] = {}  # by value: a PackRef's fields are all immutable
+
+
+def _packed_ref(ref: PackRef) -> bytes:
+    """``msgpack.packb([id, level, size, count])`` of a pack a head names, remembered."""
+    got = _PACKED_REFS.get(ref)
+    if got is None:
+        got = msgpack.packb([_bin_id(ref.id), ref.level, ref.size, ref.count],
+                            use_bin_type=True)
+        if len(_PACKED_REFS) >= PACKED_MAX:
+            _PACKED_REFS.clear()
+        _PACKED_REFS[ref] = got
+    return got
+
+
 def _unpack_entries(raw: list[Any]) -> tuple[LogEntry, ...]:
     out: list[LogEntry] = []
     for item in raw:
@@ -384,7 +443,7 @@ class Record:
         elif not inlinable(self.root_node):
             raise ValueError("root_node is not a state node that fits in a record; pass "
                              "root_node=None and store the node as an object")
-        elif object_id(self.root_node) != self.root:
+        elif inline_id(self.root_node) != self.root:
             raise ValueError("root_node does not hash to root")
         else:
             root = self.root_node[5:]
@@ -518,16 +577,19 @@ class Head:
                     base.packs, base.inline, base.lineage)
 
     def encode(self) -> bytes:
-        body: bytes = msgpack.packb({
-            "t": self.thread_id,
-            "h": None if self.head is None else _bin_id(self.head),
-            "s": self.head_step,
-            "p": [[_bin_id(p.id), p.level, p.count] for p in self.peaks],
-            "e": _pack_entries(self.tail),
-            "k": [[_bin_id(p.id), p.level, p.size, p.count] for p in self.packs],
-            "i": list(self.inline),
-            "g": self.lineage,
-        }, use_bin_type=True)
+        # The bytes of msgpack.packb({"t": ..., "h": ..., "s": ..., "p": ..., "e": ..., "k":
+        # ..., "i": ..., "g": ...}), made of parts: a list's bytes are its header and then its
+        # items' bytes, so the log tail's entries and the pack list (which a save mostly
+        # carries over unchanged) are each packed once, not on every save.
+        first: bytes = msgpack.packb(
+            ["t", self.thread_id, "h", None if self.head is None else _bin_id(self.head),
+             "s", self.head_step, "p", [[_bin_id(p.id), p.level, p.count] for p in self.peaks]],
+            use_bin_type=True)
+        last: bytes = msgpack.packb(["i", list(self.inline), "g", self.lineage],
+                                    use_bin_type=True)
+        body = b"".join((b"\x88", first[1:], b"\xa1e", _packed_entries(self.tail), b"\xa1k",
+                         _list_header(len(self.packs)), *map(_packed_ref, self.packs),
+                         last[1:]))
         return _HEADERS[HEAD] + blake3.blake3(body).digest() + body
 
     @staticmethod

@@ -77,11 +77,15 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     """``head`` holding ``new`` objects too, and the packs to write before it (id -> bytes).
     ``contents``, if given, gets the ids of each pack's objects (each the hash of its bytes);
     ``opened`` each pack as a reader sees it (``make_packs``)."""
-    inline: dict[ObjectId, bytes] = {inline_id(d): d for d in head.inline}
+    inline = _inline_objects(head.inline)
     inline.update(new)  # (an id held already keeps its place: the same id, the same bytes)
     size = sum(map(len, inline.values()))
     if size <= inline_max:
-        return _with(head, head.packs, tuple(inline.values())), {}
+        kept = tuple(inline.values())
+        if len(_STAGED) >= STAGED_MAX:
+            _STAGED.clear()
+        _STAGED[id(kept)] = (kept, inline)
+        return _with(head, head.packs, kept), {}
     # a big first pack (a whole state's first save) is compressed fast: a merge that takes it
     # compresses it again at the store's level
     fresh_by = compressor.fast() if compressor is not None and size > FAST_MIN else compressor
@@ -117,6 +121,20 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     if opened is not None:
         opened.update(plains)
     return _with(head, tuple(packs), ()), written
+
+
+_STAGED: dict[int, tuple[tuple[bytes, ...], dict[ObjectId, bytes]]] = {}
+STAGED_MAX = 1024  # heads' inline objects whose ids are remembered (by the tuple they are in)
+
+
+def _inline_objects(objects: tuple[bytes, ...]) -> dict[ObjectId, bytes]:
+    """A head's inline objects by id: a copy of the ids ``stage`` found for the very same
+    tuple (kept alive with them, so its identity is not reused; a tuple of bytes never
+    changes), else each one's id (``inline_id``)."""
+    got = _STAGED.get(id(objects))
+    if got is not None and got[0] is objects:
+        return dict(got[1])
+    return {inline_id(d): d for d in objects}
 
 
 def _lowest_run(packs: list[PackRef]) -> list[PackRef]:

@@ -137,7 +137,9 @@ class _Builder:
         self.objects: dict[ObjectId, bytes] = {}
         self.nest = 0  # split values inside split values, on the way down
         self.counted = WRITE_LENGTHS
-        self.lengths: dict[ObjectId, int] = {}  # of each part built: items, pairs, characters
+        # of each part built: items, pairs, characters (with a memo: shared with its builds)
+        self.lengths: dict[ObjectId, int] = memo.lengths_for_build() if memo is not None else {}
+        self.gen = memo.gen if memo is not None else -1
 
     def node(self, shape: int, body: bytes | memoryview,
              children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
@@ -355,7 +357,8 @@ class _Builder:
         ends += new
         # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
         self.objects.update(zip(ids, datas, strict=True))
-        self.lengths.update(zip(ids, counts, strict=True))
+        if old is None or old.gen != self.gen:
+            self.lengths.update(zip(ids, counts, strict=True))
         stops, closed = self._stops(body, bounds, 0, len(new), target)
         tail: list[ObjectId] = []
         if long and closed < len(stops):  # the open region of a long list: small leaves
@@ -371,7 +374,7 @@ class _Builder:
         closes += [True] * closed + [False] * (len(stops) - closed)
         group_ends += [bounds[b] for b in stops]
         memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
-                                        group_ends, target))
+                                        group_ends, target, self.gen))
         return self._index(ids + tail, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
@@ -488,7 +491,8 @@ class _Builder:
                 ends, ids = prev.ends[:k], prev.ids[:k]
                 datas, totals = prev.datas[:k], prev.totals[:k]
                 self.objects.update(zip(ids, datas, strict=True))
-                self.lengths.update(zip(ids, totals, strict=True))
+                if prev.gen != self.gen:
+                    self.lengths.update(zip(ids, totals, strict=True))
             else:
                 ends, ids, datas, totals = [], [], [], []
             first = ends[-1] if ends else 0
@@ -501,7 +505,7 @@ class _Builder:
                 datas += got[1]
                 totals += got[2]
             loose.append(level[ends[-1] if ends else 0:])
-            built.append(_Level(level, ends, ids, datas, totals))
+            built.append(_Level(level, ends, ids, datas, totals, self.gen))
             if not ids:
                 level = []
                 break

@@ -27,6 +27,7 @@ class _SeqMemo:
     counts: list[int]  # items in each leaf
     group_ends: list[int]  # end offset in ``body`` of each leaf
     target: int  # the leaf size the groups were cut for
+    gen: int = -1  # ``Memo.gen`` whose ``lengths`` holds each leaf's count
 
 
 @dataclass(slots=True)
@@ -39,12 +40,15 @@ class _Level:
     ids: list[ObjectId]
     datas: list[bytes]
     totals: list[int]
+    gen: int = -1  # ``Memo.gen`` whose ``lengths`` holds each node's length
 
 
 def _same_groups(level: list[ObjectId], old: _Level) -> int:
     """How many of ``old``'s closed groups ``level`` starts with (the same children up to the
     group's end): the largest such count, by bisection (a common prefix only grows)."""
     hi = bisect.bisect_right(old.ends, len(level))
+    if hi and level[:old.ends[hi - 1]] == old.children[:old.ends[hi - 1]]:
+        return hi  # (an append: every group that fits is the same, one comparison says so)
     lo = 0  # invariant: lo groups are the same; more than hi are not
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -71,6 +75,21 @@ class Memo:
     levels: OrderedDict[tuple[int, bool, ObjectId], list[_Level]] = field(
         default_factory=OrderedDict)  # index levels by (shape, counted, first leaf)
     hits: int = 0  # list items reused without being hashed again
+    # The length of each node built (items, pairs, characters or bytes of its part): a node's
+    # id names its content, so an entry never goes stale and builds share the dict (a kept
+    # leaf or group is not entered again). Replaced by an empty one (``gen`` + 1) when big.
+    lengths: dict[ObjectId, int] = field(default_factory=dict)
+    gen: int = 0
+
+    LENGTHS = 1 << 16
+
+    def lengths_for_build(self) -> dict[ObjectId, int]:
+        """The shared lengths, emptied first when they hold over ``LENGTHS`` nodes (then the
+        kept leaves and groups, of an older ``gen``, are entered again)."""
+        if len(self.lengths) > self.LENGTHS:
+            self.lengths = {}
+            self.gen += 1
+        return self.lengths
 
     def remember_seq(self, key: bytes, memo: _SeqMemo) -> None:
         self.seqs[key] = memo

@@ -40,8 +40,10 @@ class Known:
         self.lineage, self.view, self.ids = lineage, view, set[str]()
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
-        base = self.view.frozen_ids() if self.view is not None else frozenset()
-        return {k: nodes[k] for k in nodes.keys() - base - self.ids}
+        rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)
+        if rest and self.view is not None:
+            rest -= self.view.frozen_ids()
+        return {k: nodes[k] for k in rest}
 
 
 class Remembered:

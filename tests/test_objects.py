@@ -79,6 +79,41 @@ def test_head_roundtrip_with_back_references() -> None:
     assert Segment.decode(Segment(0, entries=tail[2:]).encode()).entries == tail[2:]
 
 
+@pytest.mark.parametrize(("entries", "packs"), [(0, 0), (1, 1), (5, 14), (15, 15), (17, 16),
+                                              (300, 70000)])
+def test_head_bytes_are_those_of_one_packb_call(entries: int, packs: int) -> None:
+    """Head.encode packs its log tail and pack list once per entry and pack, and joins the
+    parts: the bytes are exactly those of packing the whole map at once (the format), also for
+    tails and pack lists longer than any head holds (16- and 32-bit array headers)."""
+    from cas_checkpoint.objects import PackRef
+
+    def whole(head: Head) -> bytes:
+        body = msgpack.packb({
+            "t": head.thread_id, "h": None if head.head is None else bytes.fromhex(head.head),
+            "s": head.head_step, "p": [[bytes.fromhex(p.id), p.level, p.count] for p in head.peaks],
+            "e": [e.pack(None if i == 0 else head.tail[i - 1].id) for i, e in enumerate(head.tail)],
+            "k": [[bytes.fromhex(p.id), p.level, p.size, p.count] for p in head.packs],
+            "i": list(head.inline), "g": head.lineage}, use_bin_type=True)
+        return b"CASH\x03" + blake3.blake3(body).digest() + body
+
+    tail = chain(entries, (cid(50),))
+    pack_list = tuple(PackRef(ObjectId(cid(i % 40 + 1)), i % 5, 100 + i, i) for i in range(packs))
+    peaks = (Peak(ObjectId(cid(77)), 0, 16),)
+    for head in (Head("t", tail[-1].id if tail else None, entries, peaks, tail, pack_list,
+                      (b"x" * 20, b"y"), b"lineage!"),
+                 Head("t\u00e9", None)):
+        assert head.encode() == whole(head) == head.encode()  # (twice: from what it remembered)
+        if len(head.encode()) < 4 << 20:
+            assert Head.decode(head.encode()) == head
+    # an entry's bytes are the ones first encoded (its record's), also after its metadata dict
+    # is changed by the caller who gave it
+    meta: dict[str, object] = {"a": 1}
+    entry = LogEntry(cid(1), (), 1, 1000.0, 10, None, (), meta)
+    first = Head("t", entry.id, 1, (), (entry,)).encode()
+    meta["a"] = 2
+    assert Head("t", entry.id, 1, (), (entry,)).encode() == first
+
+
 def _with_first_entry_nil(data: bytes, key: str) -> bytes:
     if data[3:4] == b"H":  # a head: header, checksum of the body, body
         body = msgpack.unpackb(data[37:])

@@ -179,3 +179,27 @@ def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypat
     assert hashed == []  # each object's id is known from when it was packed
     monkeypatch.undo()
     assert CheckpointStore.open(store.url).verify().ok
+
+
+def test_memory_ref_versions_are_those_of_the_bytes_there() -> None:
+    """The memory backend remembers each ref's version with its bytes (a save does not hash the
+    ref it replaces again), and compares the bytes: a ref changed behind its back (a rewrite of
+    the file, of the same size) has the version of its new bytes, and a compare-and-swap that
+    expects the old one loses."""
+    import blake3
+
+    from cas_checkpoint.backends import RefMismatch
+
+    store = CheckpointStore.open(_url())
+    backend = store.backend
+    v1 = backend.write_ref("refs/x", b"one", None)
+    assert v1 == blake3.blake3(b"one").hexdigest()
+    assert backend.read_ref("refs/x") == (b"one", v1)
+    backend.fs.pipe_file(f"{backend.root}/refs/x", b"two")  # not through write_ref
+    got = backend.read_ref("refs/x")
+    assert got == (b"two", blake3.blake3(b"two").hexdigest())
+    backend.fs.pipe_file(f"{backend.root}/refs/x", b"six")
+    with pytest.raises(RefMismatch):
+        backend.write_ref("refs/x", b"new", got[1])
+    v3 = backend.write_ref("refs/x", b"new", blake3.blake3(b"six").hexdigest())
+    assert backend.read_ref("refs/x") == (b"new", v3)

@@ -231,11 +231,15 @@ def test_leaf_children_are_decodable_nodes() -> None:
         assert all(c in built.objects for c in children), oid
 
 
-def test_a_memo_never_changes_what_is_built() -> None:
+@pytest.mark.parametrize("lengths_kept", [tree.Memo.LENGTHS, 300])
+def test_a_memo_never_changes_what_is_built(monkeypatch: pytest.MonkeyPatch,
+                                            lengths_kept: int) -> None:
     """Builds that reuse a memo give exactly the nodes of a build from scratch, through appends,
-    pops, edits in the middle and at the start, and unrelated lists sharing the memo."""
+    pops, edits in the middle and at the start, and unrelated lists sharing the memo (also when
+    the memo's shared node lengths are emptied between builds: kept leaves are entered again)."""
     import random
 
+    monkeypatch.setattr(tree.Memo, "LENGTHS", lengths_kept)
     rng = random.Random(7)
     memo = tree.Memo()
     long = [message(i) for i in range(tree.LONG_LIST + 20)]
@@ -263,6 +267,7 @@ def test_a_memo_never_changes_what_is_built() -> None:
             objs = got.objects
             assert tree.load(got.root, lambda ids, o=objs: {i: o[i] for i in ids}) == state
     assert memo.hits > 10_000  # the memo was used, not bypassed
+    assert (memo.gen > 5) == (lengths_kept < 1000)
 
 
 _DEEP_SCRIPT = """

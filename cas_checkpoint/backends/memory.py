@@ -13,11 +13,17 @@ from .. import shared
 from ..errors import NotFoundError
 from .base import Backend, ObjectInfo, RefMismatch, T, _version
 
+VERSIONS_KEPT = 1024  # refs whose version is remembered (under the class-wide lock)
+VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time
+
 
 class MemoryBackend(Backend):
     """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
 
     _lock = threading.Lock()
+    # the version of each ref as last written or read, with its bytes (a ref is compared with
+    # them, a memcmp, instead of being hashed again: a save reads its ref's version, then writes)
+    _versions: dict[str, tuple[bytes, str]] = {}
 
     def __init__(self, fs: Any, root: str) -> None:
         from fsspec.implementations.memory import MemoryFile  # (fsspec only for memory://)
@@ -56,29 +62,50 @@ class MemoryBackend(Backend):
                 else:
                     self.fs.pipe_file(path, bytes(data))
 
+    def _version_of(self, path: str, data: bytes) -> str:
+        """``_version(data)`` of the ref at ``path``: the one remembered when these very bytes
+        (compared, not trusted by identity) were last written or read there, else hashed.
+        Called under the lock."""
+        got = self._versions.get(path)
+        if got is not None and got[0] == data:
+            return got[1]
+        version = _version(data)
+        self._remember_version(path, data, version)
+        return version
+
+    def _remember_version(self, path: str, data: bytes, version: str) -> None:
+        if len(data) <= VERSION_BYTES:
+            if len(self._versions) >= VERSIONS_KEPT and path not in self._versions:
+                self._versions.clear()
+            self._versions[path] = (data, version)
+
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        path = self._path(key)
         with self._lock:
-            f = self.fs.store.get(self._path(key))
+            f = self.fs.store.get(path)
             if f is None:
                 return None
             data = bytes(f.getbuffer())
-        return data, _version(data)
+            return data, self._version_of(path, data)
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
                   refresh: Callable[[], None] | None = None) -> str:
         path = self._path(key)
         with self._lock:
             f = self.fs.store.get(path)
-            current = None if f is None else _version(bytes(f.getbuffer()))
+            current = None if f is None else self._version_of(path, bytes(f.getbuffer()))
             if current != expected:
                 raise RefMismatch(key)
+            data = bytes(data)
             if f is not None and type(f) is self._file:
                 # A file replaced by another at the same path (its folders exist): what
                 # pipe_file ends with, without its checks of every parent folder.
-                self._file(self.fs, path, bytes(data)).commit()
+                self._file(self.fs, path, data).commit()
             else:
-                self.fs.pipe_file(path, bytes(data))
-        return _version(data)
+                self.fs.pipe_file(path, data)
+            version = _version(data)
+            self._remember_version(path, data, version)
+        return version
 
     def read_ref_unlocked(self, key: str) -> str | None:
         try:
