@@ -96,7 +96,8 @@ def check_meta(label: object, tags: object, metadata: object) -> tuple[str | Non
             f"metadata is {len(packed)} bytes encoded, more than {MAX_META_BYTES}; it is copied "
             "into the thread's log, so keep it small and put large values in the state"
         )
-    return label, tags, metadata
+    # a copy (the packed form's): the caller may change its dict after the save returns
+    return label, tags, msgpack.unpackb(packed, strict_map_key=False)
 
 
 def check_annotations(status: object, kind: object, reason: object

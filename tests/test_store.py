@@ -193,6 +193,20 @@ def test_find_by_label_tag_metadata(store: CheckpointStore) -> None:
     assert store.find("f", label="nope") == []
 
 
+def test_metadata_changed_after_a_save_does_not_change_what_was_saved(
+        store: CheckpointStore) -> None:
+    """A save keeps a copy of the metadata it was given: the caller's dict, changed after the
+    save returns, changes neither the log this store object holds nor what it returned."""
+    meta = {"phase": "plan", "steps": [1, 2]}
+    info = store.save("m", msgs(1), metadata=meta)
+    meta["phase"] = "changed"
+    meta["steps"].append(3)  # type: ignore[attr-defined]
+    store.save("m", msgs(2))
+    assert info.metadata == {"phase": "plan", "steps": [1, 2]}
+    assert store.history("m")[-1].metadata == {"phase": "plan", "steps": [1, 2]}
+    assert store.load("m", info.id).metadata == {"phase": "plan", "steps": [1, 2]}
+
+
 def test_fork_shares_state_and_starts_at_checkpoint(store: CheckpointStore) -> None:
     c0 = store.save("t1", msgs(1))
     c1 = store.save("t1", msgs(2))
