@@ -3,6 +3,7 @@ caches; old stores refused by version."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from typing import Any
@@ -227,6 +228,19 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert store.repack("t").threads[0].repacked is False  # nothing left to free
 
 
+@functools.cache
+def _prefix_collision() -> tuple[tuple[str, bytes], tuple[str, bytes]]:
+    """Two node objects whose ids share their first 4 bytes (a birthday: ~80,000 ids)."""
+    seen: dict[str, tuple[str, bytes]] = {}
+    for i in range(2_000_000):
+        data = b"CASN\x03\x00\x00" + str(i).encode()
+        oid = object_id(data)
+        if oid[:8] in seen:
+            return seen[oid[:8]], (oid, data)
+        seen[oid[:8]] = (oid, data)
+    pytest.fail("no 32-bit prefix collision in 2 million ids")
+
+
 def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) -> None:
     """Pack indexes name objects by a 4-byte id prefix: an object found in one pack must not be
     hidden by another pack holding a different object of the same prefix; a pack that names
@@ -234,16 +248,7 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
     from cas_checkpoint.errors import IntegrityError
     from cas_checkpoint.objstore import View, parse_pack
 
-    seen: dict[str, tuple[str, bytes]] = {}
-    for i in range(2_000_000):  # two objects whose ids share the first 4 bytes (a birthday)
-        data = b"CASN\x03\x00\x00" + str(i).encode()
-        oid = object_id(data)
-        if oid[:8] in seen:
-            (a, da), (b, db) = seen[oid[:8]], (oid, data)
-            break
-        seen[oid[:8]] = (oid, data)
-    else:
-        pytest.fail("no 32-bit prefix collision in 2 million ids")
+    (a, da), (b, db) = _prefix_collision()
     pa, pb = encode_pack({ObjectId(a): da}), encode_pack({ObjectId(b): db})
     packs = [parse_pack(object_id(pa), pa), parse_pack(object_id(pb), pb)]
     head = Head("t", None)
@@ -271,16 +276,7 @@ def test_a_prefix_collision_inside_one_pack_finds_both_objects() -> None:
     from cas_checkpoint.objstore import parse_pack
     from cas_checkpoint.packfile import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
 
-    seen: dict[str, tuple[str, bytes]] = {}
-    for i in range(2_000_000):  # (a birthday: about 80,000 ids)
-        data = b"CASN\x03\x00\x00" + str(i).encode()
-        oid = object_id(data)
-        if oid[:8] in seen:
-            (a, da), (b, db) = seen[oid[:8]], (oid, data)
-            break
-        seen[oid[:8]] = (oid, data)
-    else:
-        pytest.fail("no 32-bit prefix collision in 2 million ids")
+    (a, da), (b, db) = _prefix_collision()
     others = {object_id(d): d for d in (b"CASN\x03\x00\x00x", b"CASN\x03\x00\x00y")}
     objs = {**others, ObjectId(a): da, ObjectId(b): db}
     data = encode_pack(objs)
