@@ -258,3 +258,35 @@ def test_reading_back_a_ref_this_object_wrote_hashes_nothing_but_checks_its_byte
     Path(path).write_bytes(bytes(data))
     with pytest.raises(IntegrityError):
         backend.read_ref(key)
+
+
+def test_a_reused_object_has_its_folder_fsynced(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object another process wrote (same name, same size: a merge two writers both made, a
+    pack written again after a lost race) is reused, not written again. Its bytes were fsynced
+    before it was linked, but if that writer was killed between its link and its folder fsync,
+    its name may not be durable: the reusing put fsyncs the folder, as after a write of its own,
+    before it returns (and so before a ref may name the object)."""
+    from cas_checkpoint.backends.local import LocalBackend
+
+    root = str(tmp_path / "s")
+    store = CheckpointStore.open(root, compression="none")
+    store.save("a", {"blob": "y" * 20_000})
+    keys = [i.key for i in store.backend.list("packs")]
+    assert keys
+    items = {k: Path(root, k).read_bytes() for k in keys}
+    synced: list[str] = []
+    real = LocalBackend._fsync_dir
+
+    def spy(folder: str) -> None:
+        synced.append(folder)
+        real(folder)
+
+    monkeypatch.setattr(LocalBackend, "_fsync_dir", staticmethod(spy))
+    other = CheckpointStore.open(root, compression="none").backend  # another process's
+    inodes = {k: os.stat(Path(root, k)).st_ino for k in keys}
+    other.put_many(items)
+    assert {k: os.stat(Path(root, k)).st_ino for k in keys} == inodes  # reused, not rewritten
+    for k in keys:
+        assert os.path.dirname(os.path.join(root, k)) in synced, (k, synced)
+    assert os.path.join(root, "packs") in synced  # the pack's folder's own name, too

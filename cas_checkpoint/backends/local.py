@@ -143,7 +143,7 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def _put_one(self, key: str, data: bytes) -> str | None:
+    def _put_one(self, key: str, data: bytes) -> str:
         path = self._path(key)
         try:
             size = os.stat(path).st_size
@@ -152,7 +152,11 @@ class LocalBackend(Backend):
         if size == len(data):
             try:
                 os.utime(path)  # a reused object is fresh again for the GC grace period
-                return None
+                # Its bytes were fsynced before it was linked, but its name (and its folder's)
+                # may not be durable yet (a writer killed between its link and its folder
+                # fsyncs): they are made durable as after a write, before a ref may name it.
+                self._makedirs(os.path.dirname(path))
+                return os.path.dirname(path)
             except FileNotFoundError:
                 pass  # a gc took it just now (see gc.py): write it again
         tmp = self._write_tmp(path, data)
@@ -175,7 +179,7 @@ class LocalBackend(Backend):
             else:
                 with ThreadPoolExecutor(min(self.concurrency, len(items))) as pool:
                     folders = list(pool.map(self._put_one, items.keys(), items.values()))
-            for folder in {f for f in folders if f}:
+            for folder in set(folders):  # (one fsync per folder written or reused)
                 self._fsync_dir(folder)
         except OSError as exc:
             raise StorageError(f"cannot write objects in {self.root}: {exc}") from exc
