@@ -28,10 +28,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import msgpack
-
+from . import verify_parts as vp
 from .backends import Backend
-from .crypto import Keyring, SealedBackend, is_sealed_key
+from .crypto import Keyring, is_sealed_key
 from .errors import (
     CasError,
     FormatError,
@@ -40,18 +39,16 @@ from .errors import (
     NotFoundError,
     StorageError,
 )
-from .objects import Head, LogEntry, Record, Segment, decode_node, object_id
+from .objects import Head, LogEntry, Record, Segment, object_id
 from .objstore import PREFIX, Pack, key_pack_id, pack_key, parse_pack
-from .ops import GetMany, List, ListMany, ReadRef, ReadRefs, Step
+from .ops import GetMany, List, ListMany, Step
 from .packfile import pack_prefix
-from .refs import HEADS, RefStore, is_hashed_key, thread_from_key, thread_key
+from .refs import HEADS, RefStore, thread_key
 from .shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH
 from .verify_report import Problem, Progress, VerifyReport
 
 PACK_BATCH = 64  # packs read per round, at most
 BATCH_BYTES = 256 << 20  # pack bytes read per round, about (a bigger thread gets its own round)
-ID_COST = 32  # what a load charges per child id (join.ID_COST)
-KINDS = {b"N": "node", b"C": "record", b"L": "segment"}
 
 
 class _Audit:
@@ -150,17 +147,17 @@ class _Audit:
             if not info.regular:
                 self.problem("unreadable", "ref", None, info.key, "not a regular file: a folder, "
                              "link or device where a ref belongs; move it away (gc refuses to "
-                             "run while it is there)", _key_thread(info.key))
-            elif not _is_key(info.key) and not (self.keys and is_sealed_key(info.key)):
+                             "run while it is there)", vp.key_thread(info.key))
+            elif not vp.is_key(info.key) and not (self.keys and is_sealed_key(info.key)):
                 self.problem("stray", "ref", None, info.key, "named as no thread's ref: threads() "
                              "ignores it and gc refuses to run while it is there; move it away")
             else:
                 keys.append(info.key)
 
-        got = dict(zip(keys, (yield from _read_each(keys)), strict=True))
+        got = dict(zip(keys, (yield from vp.read_each(keys)), strict=True))
         heads: dict[str, Head] = {}
         for key in sorted(keys):
-            ref, want = got[key], _key_thread(key)
+            ref, want = got[key], vp.key_thread(key)
             if ref is None and self.thread_id is not None:
                 raise NotFoundError(f"thread {self.thread_id!r} does not exist in "
                                     f"{self.backend.url}")
@@ -182,7 +179,7 @@ class _Audit:
                 continue
             if self.keys is not None and self.keys.keyless:
                 pass  # a key-less audit cannot read whose thread a sealed ref is
-            elif not _belongs(head.thread_id, key, self.backend):
+            elif not vp.belongs(head.thread_id, key, self.backend):
                 self.problem("mismatch", "ref", head.head, key, f"it holds thread "
                              f"{head.thread_id[:200]!r}, not the thread of its key: it was "
                              "copied or tampered with", want)
@@ -258,9 +255,9 @@ class _Audit:
                                          and self.rng.random() >= self.sample):
                         continue
                     actual = object_id(data)
-                    self.hashed(_what(data), end - start)
+                    self.hashed(vp.what(data), end - start)
                 if pack_prefix(actual) != prefix and (pid, start) not in self.flagged:
-                    self.problem("corrupt", _what(data), None, f"{pack_key(pid)} (object at "
+                    self.problem("corrupt", vp.what(data), None, f"{pack_key(pid)} (object at "
                                  f"byte {start})", f"the pack files it under id prefix "
                                  f"{prefix:08x}, but its bytes hash to {actual}",
                                  self.named_by.get(pid, ()))
@@ -325,15 +322,15 @@ class _Audit:
             rec = find(entry.id, "record", Record.decode)
             if rec is None:
                 continue
-            if not _same(stored := rec.entry(entry.id), entry):
+            if not vp.same(stored := rec.entry(entry.id), entry):
                 self.defer("mismatch", "record", entry.id, key, "the log entry and the record "
-                           f"disagree on {_diff(stored, entry)}", thread)
+                           f"disagree on {vp.diff(stored, entry)}", thread)
             self.link(rec.root, entry.id)
             if rec.root_node is None:
                 todo.append(rec.root)
                 continue
             self.where.setdefault(rec.root, self.where[entry.id])  # the record's hash covers it
-            root = self.decode("node", rec.root, rec.root_node, _node, thread)
+            root = self.decode("node", rec.root, rec.root_node, vp.node, thread)
             for child in root[0] if root else ():
                 self.link(child, rec.root)
                 todo.append(child)
@@ -343,7 +340,7 @@ class _Audit:
             if oid in visited:
                 continue
             visited.add(oid)
-            node = find(oid, "node", _node)
+            node = find(oid, "node", vp.node)
             for child in node[0] if node else ():
                 self.link(child, oid)
                 if child not in visited:
@@ -512,71 +509,6 @@ class _Audit:
         if self.progress is not None:
             self.progress(self.done, self.done)
         return r
-
-
-def _read_each(keys: list[str]) -> Step[list[tuple[bytes, str] | CasError | None]]:
-    """Refs read in parallel: ``(bytes, version)``, None (gone) or the error reading it raised
-    (then each is read on its own, to tell which failed)."""
-    if not keys:
-        return []
-    try:
-        both: list[tuple[bytes, str] | None] = yield ReadRefs(keys)
-        return list(both)
-    except CasError:
-        out: list[tuple[bytes, str] | CasError | None] = []
-        for key in keys:
-            try:
-                out.append((yield ReadRef(key)))
-            except CasError as exc:
-                out.append(exc)
-        return out
-
-
-def _node(data: Any) -> tuple[tuple[str, ...], int]:
-    """(children, bytes a load charges for the node)."""
-    children, payload = decode_node(data)
-    if not payload:
-        raise FormatError("the state node has no shape byte")
-    return children, len(payload) + ID_COST * len(children)
-
-
-def _what(data: memoryview) -> str:
-    return KINDS.get(bytes(data[3:4]), "object") if bytes(data[:3]) == b"CAS" else "object"
-
-
-def _is_key(key: str) -> bool:
-    """A thread key right under refs/heads, spelled as ``thread_key`` spells it."""
-    if key.count("/") != 2:
-        return False
-    if is_hashed_key(key):
-        return all(c in "0123456789abcdef" for c in key[-64:])
-    thread = thread_from_key(key)
-    return thread is not None and _belongs(thread, key)
-
-
-def _belongs(thread: str, key: str, backend: Backend | None = None) -> bool:
-    try:
-        plain = thread_key(thread)
-        return plain == key or (isinstance(backend, SealedBackend)
-                                and backend.ref_key(plain) == key)
-    except CasError:
-        return False
-
-
-def _key_thread(key: str) -> tuple[str, ...]:
-    thread = None if is_hashed_key(key) else thread_from_key(key)
-    return () if thread is None else (thread,)
-
-
-def _same(a: LogEntry, b: LogEntry) -> bool:
-    """Equal as stored (so a NaN in metadata equals itself)."""
-    return a == b or bool(msgpack.packb(a.pack()) == msgpack.packb(b.pack()))
-
-
-def _diff(a: LogEntry, b: LogEntry) -> str:
-    names = ("parents", "step", "created_at", "size", "label", "tags", "metadata", "status",
-             "kind", "reason")
-    return ", ".join(n for n in names if getattr(a, n) != getattr(b, n)) or "its fields"
 
 
 def verify(backend: Backend, refs: RefStore, *, deep: bool = True, sample: float | None = None,
