@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cas_checkpoint import CheckpointStore, tree
 from cas_checkpoint.objects import decode_node
+from cas_checkpoint.scan import LEAF_MAX_ITEMS
 from cas_checkpoint.shapes import COUNTED
 
 
@@ -268,6 +269,54 @@ def test_a_memo_never_changes_what_is_built(monkeypatch: pytest.MonkeyPatch,
             assert tree.load(got.root, lambda ids, o=objs: {i: o[i] for i in ids}) == state
     assert memo.hits > 10_000  # the memo was used, not bypassed
     assert (memo.gen > 5) == (lengths_kept < 1000)
+
+
+@pytest.mark.parametrize("limit", [LEAF_MAX_ITEMS, 24])
+def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
+        monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """The memo keeps a list's closed regions and its open region's small leaves: over random
+    appends (small items, ints, items that close a region, items big enough for a subtree),
+    edits in the middle, pops and rewinds to an earlier state (a region that closed and is
+    undone), as a list, a tuple and a dict's value, across ``LONG_LIST`` both ways, and with
+    leaves ending at the item limit, a build with the memo gives exactly the nodes of one
+    without."""
+    import random
+
+    from cas_checkpoint import scan
+
+    monkeypatch.setattr(tree, "LEAF_MAX_ITEMS", limit)
+    monkeypatch.setattr(scan, "LEAF_MAX_ITEMS", limit)
+    rng = random.Random(limit)
+    memo = tree.Memo()
+    items: list[Any] = [message(i, 40) for i in range(tree.LONG_LIST - 10)]
+    history: list[list[Any]] = []
+    kinds = set()
+    for step in range(400):
+        op = rng.randrange(12)
+        if op < 4:
+            items.append(message(step, rng.choice([0, 30, 200, 400, 900])))
+        elif op == 4:  # always closes a region (and a leaf): at least LONG_LEAF_TARGET bytes
+            items.append("r" * (tree.LONG_LEAF_TARGET + rng.randrange(500)))
+        elif op == 5 and items:
+            items[rng.randrange(len(items))] = message(-step, rng.randrange(600))
+        elif op == 6 and history:  # a rewind
+            items = list(rng.choice(history))
+        elif op == 7:
+            del items[max(0, len(items) - rng.randrange(1, 30)):]
+        elif op == 8 and rng.random() < 0.3:  # a subtree of its own: not the memo's path
+            items.append(["s" * 1000] * 70)
+        elif op == 9:
+            items += range(rng.randrange(1, 60))
+        else:
+            items.append(message(step, 100))
+        history.append(list(items))
+        kinds.add((len(items) >= tree.LONG_LIST, op))
+        for state in (items, {"m": tuple(items), "step": step}, {"m": items}):
+            got, want = tree.build(state, memo=memo), tree.build(state)
+            assert got.root == want.root and got.objects == want.objects, (step, op)
+        if step % 40 == 0:
+            assert tree.load(got.root, fetcher(got.objects)) == state
+    assert len(kinds) > 16 and memo.hits > 50_000, (kinds, memo.hits)
 
 
 _DEEP_SCRIPT = """
