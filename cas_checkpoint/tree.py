@@ -9,10 +9,15 @@ new key share every node but a few:
   with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
   ends its leaf, small items group into leaves of about ``LEAF_TARGET`` bytes. Boundaries depend
   only on the items, never on offsets, so an insert or an append moves no other boundary. A list
-  of ``LONG_LIST`` items or more is cut in two tiers: regions closed by a rarer boundary
-  (``LONG_LEAF_TARGET``) are one big leaf each, so a long list loads from few nodes, and only the
-  last, open region is cut finely (``LONG_TAIL_TARGET``), so an append still writes a small leaf
-  (and, when it closes a region, that region's big leaf once);
+  of ``LONG_LIST`` (64) items or more is cut in two tiers: regions closed by a rarer boundary
+  (``LONG_LEAF_TARGET``, ~16 KB) are one big leaf each, so a list loads from few nodes (1,000
+  ~400-byte messages: ~30-80 nodes, not ~1,350), and only the last, open region is cut finely
+  (``LONG_TAIL_TARGET``, the same cut as a short list's: a list with no closed region has a short
+  list's ids), so an append still writes a small leaf (and, when it closes a region, that
+  region's big leaf once). With a memo (``_sequence_memo``) the closed regions, the open
+  region's closed leaves and the item ends found are kept: an append scans, tests and hashes
+  only the new items and the last leaf. (The two tiers started at 4,096 items, with 64 KB
+  regions, until November 2026: such nodes load as any, and a next save re-cuts once.);
 * index nodes are cut over their children's ids, normalized as in FastCDC: a group closes at
   a child whose id passes a 1-in-2 test once it has ``INDEX_MIN`` children, and at
   ``INDEX_MAX`` at the latest (about ``FANOUT`` children each; the narrow spread keeps the open
