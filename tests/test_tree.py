@@ -324,6 +324,8 @@ def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
 
     monkeypatch.setattr(tree, "LEAF_MAX_ITEMS", limit)
     monkeypatch.setattr(scan, "LEAF_MAX_ITEMS", limit)
+    if limit < 100:  # and the memo's shared node lengths emptied now and then
+        monkeypatch.setattr(tree.Memo, "LENGTHS", 300)
     rng = random.Random(limit)
     memo = tree.Memo()
     items: list[Any] = [message(i, 40) for i in range(tree.LONG_LIST - 10)]
@@ -355,6 +357,7 @@ def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
         if step % 40 == 0:
             assert tree.load(got.root, fetcher(got.objects)) == state
     assert len(kinds) > 16 and memo.hits > 50_000, (kinds, memo.hits)
+    assert (memo.gen > 3) == (limit < 100)
 
 
 _DEEP_SCRIPT = """
