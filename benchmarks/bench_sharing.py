@@ -155,7 +155,7 @@ def workload_b(turns: int) -> list[list[dict[str, Any]]]:
 
 def run_growth(name: str, steps: list[list[dict[str, Any]]], with_langgraph: bool
                ) -> list[list[Any]]:
-    store = CheckpointStore.open(f"memory://bench-{uuid.uuid4().hex}")
+    store = CheckpointStore.open(f"memory://bench-{uuid.uuid4().hex}", compression=COMPRESSION)
     counter = Counting(store)
     state: dict[str, Any] = {"messages": [], "step": 0}
     whole = 0
@@ -186,6 +186,7 @@ def run_growth(name: str, steps: list[list[dict[str, Any]]], with_langgraph: boo
     return rows
 
 
+COMPRESSION: str | None = None  # the stores' compression (--compression; None: the default)
 SPREAD = 200  # appends measured after C's history is built
 
 
@@ -194,7 +195,8 @@ def run_c(n: int) -> tuple[list[list[Any]], list[list[Any]]]:
     msgs = [message(i, rng, 380) for i in range(n + 1)]
     item_sizes = [len(codec.encode(m)) for m in msgs]
     # the history is built in memory:// (no fsync per save), then copied to a local directory
-    store = CheckpointStore.open(f"memory://bench-c-{uuid.uuid4().hex}")
+    store = CheckpointStore.open(f"memory://bench-c-{uuid.uuid4().hex}",
+                                 compression=COMPRESSION)
     counter = Counting(store)
     state: dict[str, Any] = {"messages": [], "step": 0}
     t0 = time.perf_counter()
@@ -273,7 +275,11 @@ def main() -> None:
     ap.add_argument("--no-langgraph", action="store_true")
     ap.add_argument("--langgraph-b", action="store_true",
                     help="also run SqliteSaver on B (a multi-GB database: slow)")
+    ap.add_argument("--compression", default=None,
+                    help="the cas stores' compression, e.g. none (default: the store's default)")
     args = ap.parse_args()
+    global COMPRESSION
+    COMPRESSION = args.compression
     rows = run_growth("A", workload_a(args.steps_a), not args.no_langgraph)
     rows += run_growth("B", workload_b(args.turns_b), args.langgraph_b)
     lat: list[list[Any]] = []

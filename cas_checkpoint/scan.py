@@ -123,19 +123,20 @@ def item_ends(data: bytes | memoryview, start: int, count: int) -> list[int]:
     return [tell() + start for _ in range(count) if skip() is None]  # (skip gives None)
 
 
-def plain_cuts(data: bytes | memoryview, bounds: list[int], lo: int, hi: int, target: int
-               ) -> list[int]:
+def plain_cuts(data: bytes | memoryview, bounds: list[int], lo: int, hi: int, target: int,
+               start: int | None = None) -> list[int]:
     """The leaves that plain items ``lo .. hi - 1`` close, as ``_Builder._groups`` cuts them:
     the end (an item number, exclusive) of each group that ends by content (after an item whose
     ``crc32`` falls under ``size / target`` of the range) or at ``LEAF_MAX_ITEMS`` items; the
     items after the last end are an open group. Item ``i`` is ``data[bounds[i]:bounds[i + 1]]``
-    and groups start at ``lo``."""
+    and groups start at ``lo``, or at ``start`` when given: then items ``start .. lo - 1`` are
+    known to close nothing (an open group found earlier; they are not tested again)."""
     view = memoryview(data)
     full = 0xFFFFFFFF
     flags = [crc32(view[a:b]) * target < (b - a) * full
              for a, b in zip(bounds[lo:hi], bounds[lo + 1:hi + 1], strict=True)]
     cuts: list[int] = []
-    first = lo
+    first = lo if start is None else start
     for at in compress(range(lo + 1, hi + 1), flags):
         while at - first > LEAF_MAX_ITEMS:  # (a leaf also ends at its 1,024th item)
             first += LEAF_MAX_ITEMS

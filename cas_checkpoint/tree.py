@@ -9,10 +9,15 @@ new key share every node but a few:
   with the item's size (``size / LEAF_TARGET``): an item of ``LEAF_TARGET`` bytes or more always
   ends its leaf, small items group into leaves of about ``LEAF_TARGET`` bytes. Boundaries depend
   only on the items, never on offsets, so an insert or an append moves no other boundary. A list
-  of ``LONG_LIST`` items or more is cut in two tiers: regions closed by a rarer boundary
-  (``LONG_LEAF_TARGET``) are one big leaf each, so a long list loads from few nodes, and only the
-  last, open region is cut finely (``LONG_TAIL_TARGET``), so an append still writes a small leaf
-  (and, when it closes a region, that region's big leaf once);
+  of ``LONG_LIST`` (64) items or more is cut in two tiers: regions closed by a rarer boundary
+  (``LONG_LEAF_TARGET``, ~16 KB) are one big leaf each, so a list loads from few nodes (1,000
+  ~400-byte messages: ~30-80 nodes, not ~1,350), and only the last, open region is cut finely
+  (``LONG_TAIL_TARGET``, the same cut as a short list's: a list with no closed region has a short
+  list's ids), so an append still writes a small leaf (and, when it closes a region, that
+  region's big leaf once). With a memo (``_sequence_memo``) the closed regions, the open
+  region's closed leaves and the item ends found are kept: an append scans, tests and hashes
+  only the new items and the last leaf. (The two tiers started at 4,096 items, with 64 KB
+  regions, until November 2026: such nodes load as any, and a next save re-cuts once.);
 * index nodes are cut over their children's ids, normalized as in FastCDC: a group closes at
   a child whose id passes a 1-in-2 test once it has ``INDEX_MIN`` children, and at
   ``INDEX_MAX`` at the latest (about ``FANOUT`` children each; the narrow spread keeps the open
@@ -79,9 +84,9 @@ __all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built
 
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
-LONG_LIST = 4096  # a list of this many items or more is cut in two tiers (see sequence):
-LONG_LEAF_TARGET = 64 * 1024  # closed regions: few, large leaves load fast
-LONG_TAIL_TARGET = 1024  # the open region at the end: an append rewrites ~1 KB
+LONG_LIST = 64  # a list of this many items or more is cut in two tiers (see sequence):
+LONG_LEAF_TARGET = 16 * 1024  # closed regions: few, large leaves load fast
+LONG_TAIL_TARGET = LEAF_TARGET  # the open region: cut as a short list is (same leaves)
 FANOUT = 4  # average children of an index node: a group closes after INDEX_MIN children at a
 INDEX_MIN, INDEX_MAX = 3, 6  # child whose id passes a 1-in-2 test, or at INDEX_MAX children
 BIG_ITEM = 64 * 1024  # a list item this big gets a subtree of its own
@@ -315,67 +320,78 @@ class _Builder:
     def _sequence_memo(self, value: list[Any], data: bytes | memoryview, shape: int
                        ) -> _Inline | None:
         """``sequence`` for a list of small items, reusing the leaves of the remembered list
-        whose encoding starts the same way (an append re-hashes only the new tail). For a long
-        list the remembered leaves are its closed regions; the open region at its end is cut
-        again each time (it is small)."""
+        whose encoding starts the same way, and the item ends it found: an append scans and
+        tests only the new items and hashes only the new (or changed) last leaf, and a region
+        closing hashes that region's big leaf once. An edit in a closed region cuts again from
+        that region's start."""
         memo = self.memo
         assert memo is not None
-        long = len(value) >= LONG_LIST
-        target = LONG_LEAF_TARGET if long else LEAF_TARGET
-        head = array_header(len(value))  # the codec writes the shortest header
+        n = len(value)
+        long = n >= LONG_LIST
+        head = array_header(n)  # the codec writes the shortest header
         if bytes(data[:len(head)]) != head:
             raise AssertionError("codec and msgpack disagree on a list's length")
         body = bytes(memoryview(data)[len(head):])  # the one copy (the memo keeps it)
         key = bytes([shape]) + body[:64]
         old = memo.seqs.get(key)
-        uptos: list[int] = []
-        ids: list[ObjectId] = []
-        closes: list[bool] = []
-        datas: list[bytes] = []
-        counts: list[int] = []
-        group_ends: list[int] = []
-        ends: list[int] = []
-        start = 0
-        if old is not None and old.target == target:
+        # Leaves ``[:k]`` of ``old`` are kept (``regions`` of them closed regions). The cut
+        # goes on from item ``base`` (the open region's start: groups of the rarer boundary
+        # start there), its open small leaf starting at ``first``; the ends of items up to
+        # ``known`` are known (those items lie in the common prefix) and close nothing.
+        k = regions = base = first = known = 0
+        if old is not None and old.long != long:
+            old = None
+        if old is not None:
             # (an append: the old items are a prefix of the new ones, one memcmp says so)
             same = len(old.body) if body.startswith(old.body) else _common_prefix(body, old.body)
-            # every group but perhaps the last was closed by a cut: keep those within the
-            # common prefix
-            k = bisect.bisect_right(old.group_ends, same)
-            if k and not old.closed[k - 1]:
+            k = bisect.bisect_right(old.group_ends, same)  # leaves within the common prefix,
+            if k and not old.closed[k - 1]:  # closed ones (only the last can be open)
                 k -= 1
+            regions = min(k, old.regions)
+            base = old.uptos[regions - 1] if regions else 0
+            first = old.uptos[k - 1] if k else 0
+            # (after an edit in a closed region only its start is known)
+            known = bisect.bisect_right(old.ends, same) if k >= old.regions else base
+        if old is not None:
             uptos, ids, closes = old.uptos[:k], old.ids[:k], old.closed[:k]
             datas, counts, group_ends = old.datas[:k], old.counts[:k], old.group_ends[:k]
-            start = uptos[-1] if uptos else 0
-            ends = old.ends[:start]
-            memo.hits += start
+            ends = old.ends[:known]
+            memo.hits += known
+        else:
+            uptos, ids, closes, datas, counts, group_ends, ends = [], [], [], [], [], [], []
         offset = ends[-1] if ends else 0
-        new = item_ends(body, offset, len(value) - start)
-        bounds = [offset, *new]  # new item i is body[bounds[i]:bounds[i + 1]]
-        if new and max(map(sub, new, bounds)) > BIG_ITEM:
+        new = item_ends(body, offset, n - known)
+        if new and max(map(sub, new, [offset, *new])) > BIG_ITEM:
             return None  # a big item gets a subtree of its own: the plain path does that
+        # item base + i is body[bounds[i]:bounds[i + 1]]; stops below count from base
+        bounds = [ends[base - 1] if base else 0, *ends[base:], *new]
         ends += new
-        # the leaves kept: their bytes and lengths (C loops: an append costs little per leaf)
-        self.objects.update(zip(ids, datas, strict=True))
-        if old is None or old.gen != self.gen:
+        lo, hi, start = known - base, n - base, first - base
+        cut = plain_cuts(body, bounds, lo, hi, LONG_LEAF_TARGET, 0) if long else []
+        if cut:  # the open region closes (its small leaves give way to big ones)
+            del uptos[regions:], ids[regions:], closes[regions:]
+            del datas[regions:], counts[regions:], group_ends[regions:]
+            start = 0
+            lo = cut[-1]
+        fine = plain_cuts(body, bounds, lo, hi, LONG_TAIL_TARGET if long else LEAF_TARGET,
+                          lo if cut else start)
+        stops = cut + fine
+        if (stops[-1] if stops else start) < hi:
+            stops.append(hi)
+        if ids and (old is None or old.gen != self.gen):
             self.lengths.update(zip(ids, counts, strict=True))
-        stops, closed = self._stops(body, bounds, 0, len(new), target)
-        tail: list[ObjectId] = []
-        if long and closed < len(stops):  # the open region of a long list: small leaves
-            stops.pop()
-            first = stops[-1] if stops else 0
-            tail = self._leaf_nodes(memoryview(body), bounds, first, self._stops(
-                body, bounds, first, len(new), LONG_TAIL_TARGET)[0])[0]
-        got, got_datas = self._leaf_nodes(memoryview(body), bounds, 0, stops)
+        # the leaves kept: their bytes (C loops: an append costs little per leaf)
+        self.objects.update(zip(ids, datas, strict=True))
+        got, got_datas = self._leaf_nodes(memoryview(body), bounds, start, stops)
         ids += got
         datas += got_datas
-        counts += map(sub, stops, [0, *stops])
-        uptos += [start + b for b in stops]
-        closes += [True] * closed + [False] * (len(stops) - closed)
+        counts += map(sub, stops, [start, *stops])
+        uptos += [base + b for b in stops]
+        closes += [True] * (len(cut) + len(fine)) + [False] * (len(stops) - len(cut) - len(fine))
         group_ends += [bounds[b] for b in stops]
         memo.remember_seq(key, _SeqMemo(body, ends, uptos, ids, closes, datas, counts,
-                                        group_ends, target, self.gen))
-        return self._index(ids + tail, shape)
+                                        group_ends, long, regions + len(cut), self.gen))
+        return self._index(ids, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
         walker = Walker(data)

@@ -16,7 +16,9 @@ from .objects import ObjectId
 @dataclass(slots=True)
 class _SeqMemo:
     """A split list as last built: its items' bytes, where each item ends, and its leaves (one
-    entry per leaf in each of the parallel lists)."""
+    entry per leaf in each of the parallel lists). A long list's first ``regions`` leaves are
+    its closed regions (one big leaf each); the others are the small leaves of its open region
+    (all closed but perhaps the last), as are all the leaves of a short list."""
 
     body: bytes  # the encoded items, without the array header
     ends: list[int]  # end offset in ``body`` of each item
@@ -26,7 +28,8 @@ class _SeqMemo:
     datas: list[bytes]  # each leaf's bytes
     counts: list[int]  # items in each leaf
     group_ends: list[int]  # end offset in ``body`` of each leaf
-    target: int  # the leaf size the groups were cut for
+    long: bool  # cut in two tiers (closed regions, then the open region's small leaves)
+    regions: int  # how many of the leaves are closed regions
     gen: int = -1  # ``Memo.gen`` whose ``lengths`` holds each leaf's count
 
 

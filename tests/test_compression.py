@@ -51,6 +51,12 @@ def _nodes(store: CheckpointStore) -> set[str]:
     return out
 
 
+def _inline_nodes(store: CheckpointStore, thread: str) -> set[str]:
+    ref = store.refs.read(thread)
+    assert ref is not None
+    return {object_id(obj) for obj in ref.head.inline if object_kind(obj) == NODE}
+
+
 VALUES: list[Any] = [None, True, 1 << 62, -7, 3.5, "ü" * 5000, b"\x00\xff" * 40000,
                      [1, [2, [3]]], (1, "a"), {"k": {"x": [b"1"] * 3}}, set(), frozenset({1}),
                      {"messages": [_msg(i) for i in range(300)]}, "x" * 200_000]
@@ -94,10 +100,12 @@ def test_sharing_holds_and_bytes_shrink(tmp_path: Any) -> None:
     assert packed.storage_bytes() < plain.storage_bytes()
     assert packed.load("f").state == plain.load("f").state
     # a second thread saving the same state writes only its record and log, never the nodes
-    before = _nodes(packed)
+    # (those its packs already hold; the newest few may still be inline in t's head, which
+    # "copy" cannot name, so it writes them again: they count as held)
+    before, held = _nodes(packed), _inline_nodes(packed, "t")
     packed.save("copy", packed.load("t").state)
     packed.repack()
-    assert _nodes(packed) == before
+    assert before <= _nodes(packed) <= before | held
 
 
 def test_settings_are_kept_and_enforced(tmp_path: Any) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cas_checkpoint import CheckpointStore, tree
 from cas_checkpoint.objects import decode_node
+from cas_checkpoint.scan import LEAF_MAX_ITEMS
 from cas_checkpoint.shapes import COUNTED
 
 
@@ -71,7 +72,10 @@ def new_nodes(before: tree.Built, after: tree.Built) -> int:
     return len(set(after.objects) - set(before.objects))
 
 
-def test_append_and_middle_edit_write_few_nodes() -> None:
+@pytest.mark.parametrize("long_list", [64, 1 << 40])
+def test_append_and_middle_edit_write_few_nodes(monkeypatch: pytest.MonkeyPatch,
+                                                long_list: int) -> None:
+    monkeypatch.setattr(tree, "LONG_LIST", long_list)  # two tiers, or every leaf small
     msgs = [message(i) for i in range(3000)]
     base = tree.build({"messages": msgs, "step": 1})
     appended = tree.build({"messages": [*msgs, message(99999)], "step": 2})
@@ -79,7 +83,9 @@ def test_append_and_middle_edit_write_few_nodes() -> None:
     middle[1500] = message(-1)
     edited = tree.build({"messages": middle, "step": 1})
     inserted = tree.build({"messages": msgs[:700] + [message(-2)] + msgs[700:], "step": 1})
-    assert len(base.objects) > 300
+    # (two tiers: ~70 closed 16 KB regions, ~140 nodes; one leaf a message: ~4,000 nodes; an
+    # edit in a closed region rewrites its one big leaf)
+    assert len(base.objects) > (100 if long_list < len(msgs) else 300)
     # O(log n), not the suffix: per level, the group holding the edit and perhaps a neighbour it
     # merges with or splits from, plus the spine and top. Over 60 random edits of each kind in
     # these 3,000 messages (~4,000 nodes) the median was 11-13 new nodes and the most 24.
@@ -97,7 +103,7 @@ def test_long_list_loads_from_few_big_leaves_and_appends_stay_small(
     with monkeypatch.context() as m:
         m.setattr(tree, "LONG_LIST", 1 << 40)
         small = len(tree.build({"messages": msgs}).objects)  # every leaf ~256 bytes
-    # ~64 KB closed regions, fine leaves only in the open tail: far fewer nodes to read
+    # ~16 KB closed regions, fine leaves only in the open tail: far fewer nodes to read
     assert len(built.objects) * 5 < small, (len(built.objects), small)
     assert max(len(d) for d in built.objects.values()) > 16 * 1024
     assert tree.load(built.root, fetcher(built.objects)) == {"messages": msgs}
@@ -108,7 +114,7 @@ def test_long_list_loads_from_few_big_leaves_and_appends_stay_small(
         written.append(sum(len(after.objects[o]) for o in set(after.objects) - set(built.objects)))
         built = after
     written.sort()
-    # most appends rewrite one ~1 KB tail leaf and the top; now and then one closes a region
+    # most appends rewrite one small tail leaf and the top; now and then one closes a region
     assert written[len(written) // 2] < 4096 and written[-1] < total, written
     assert tree.load(built.root, fetcher(built.objects)) == {"messages": msgs}
 
@@ -222,6 +228,39 @@ def test_cold_load_reads_the_ref_then_its_packs_in_one_round(tmp_path: Any) -> N
     assert fresh.load("t").state == state and len(calls) == 1  # warm: from the cache
 
 
+def test_a_store_written_with_the_old_cut_loads_and_its_threads_go_on(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread saved with the list cut before the two tiers started at 64 items loads as it
+    is (nodes are found by id); the first save after the change cuts the list the new way (its
+    leaves are written again, once), and the saves after it write about one message."""
+    url = str(tmp_path / "s")
+    state: dict[str, Any] = {"messages": [message(i, 60 + i % 300) for i in range(1000)]}
+    with monkeypatch.context() as m:
+        old_cut(m)
+        old_store = CheckpointStore.open(url)
+        first = old_store.save("t", state)
+        state["messages"].append(message(1000))
+        old_store.save("t", state)
+        before = _thread_objects(old_store, "t")
+        old_built = tree.build(state)
+    assert tree.build(state).root != old_built.root  # (the cut did change for this list)
+    fresh = CheckpointStore.open(url)
+    assert fresh.load("t").state == state
+    sizes = []
+    for k in range(3):
+        state["messages"].append(message(2000 + k))
+        fresh.save("t", state)
+        after = _thread_objects(fresh, "t")
+        sizes.append(sum(len(d) for o, d in after.items() if o not in before and
+                         d[:4] == b"CASN"))
+        before = after
+    raw = sum(len(d) for d in old_built.objects.values())
+    assert sizes[0] > raw // 2 and max(sizes[1:]) < 4 * 1024, (sizes, raw)
+    again = CheckpointStore.open(url)
+    assert again.load("t").state == state
+    assert again.load("t", first.id).state["messages"] == state["messages"][:1000]
+
+
 def test_leaf_children_are_decodable_nodes() -> None:
     built = tree.build({"messages": [message(i) for i in range(500)]})
     for oid, data in built.objects.items():
@@ -268,6 +307,57 @@ def test_a_memo_never_changes_what_is_built(monkeypatch: pytest.MonkeyPatch,
             assert tree.load(got.root, lambda ids, o=objs: {i: o[i] for i in ids}) == state
     assert memo.hits > 10_000  # the memo was used, not bypassed
     assert (memo.gen > 5) == (lengths_kept < 1000)
+
+
+@pytest.mark.parametrize("limit", [LEAF_MAX_ITEMS, 24])
+def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
+        monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """The memo keeps a list's closed regions and its open region's small leaves: over random
+    appends (small items, ints, items that close a region, items big enough for a subtree),
+    edits in the middle, pops and rewinds to an earlier state (a region that closed and is
+    undone), as a list, a tuple and a dict's value, across ``LONG_LIST`` both ways, and with
+    leaves ending at the item limit, a build with the memo gives exactly the nodes of one
+    without."""
+    import random
+
+    from cas_checkpoint import scan
+
+    monkeypatch.setattr(tree, "LEAF_MAX_ITEMS", limit)
+    monkeypatch.setattr(scan, "LEAF_MAX_ITEMS", limit)
+    if limit < 100:  # and the memo's shared node lengths emptied now and then
+        monkeypatch.setattr(tree.Memo, "LENGTHS", 300)
+    rng = random.Random(limit)
+    memo = tree.Memo()
+    items: list[Any] = [message(i, 40) for i in range(tree.LONG_LIST - 10)]
+    history: list[list[Any]] = []
+    kinds = set()
+    for step in range(400):
+        op = rng.randrange(12)
+        if op < 4:
+            items.append(message(step, rng.choice([0, 30, 200, 400, 900])))
+        elif op == 4:  # always closes a region (and a leaf): at least LONG_LEAF_TARGET bytes
+            items.append("r" * (tree.LONG_LEAF_TARGET + rng.randrange(500)))
+        elif op == 5 and items:
+            items[rng.randrange(len(items))] = message(-step, rng.randrange(600))
+        elif op == 6 and history:  # a rewind
+            items = list(rng.choice(history))
+        elif op == 7:
+            del items[max(0, len(items) - rng.randrange(1, 30)):]
+        elif op == 8 and rng.random() < 0.3:  # a subtree of its own: not the memo's path
+            items.append(["s" * 1000] * 70)
+        elif op == 9:
+            items += range(rng.randrange(1, 60))
+        else:
+            items.append(message(step, 100))
+        history.append(list(items))
+        kinds.add((len(items) >= tree.LONG_LIST, op))
+        for state in (items, {"m": tuple(items), "step": step}, {"m": items}):
+            got, want = tree.build(state, memo=memo), tree.build(state)
+            assert got.root == want.root and got.objects == want.objects, (step, op)
+        if step % 40 == 0:
+            assert tree.load(got.root, fetcher(got.objects)) == state
+    assert len(kinds) > 16 and memo.hits > 50_000, (kinds, memo.hits)
+    assert (memo.gen > 3) == (limit < 100)
 
 
 _DEEP_SCRIPT = """
@@ -375,11 +465,22 @@ def test_a_hostile_dag_cannot_expand_into_gigabytes() -> None:
 # --- lengths of concatenations' children -------------------------------------------------------
 
 # the same state, built by the code before lengths existed: its root id, node count and bytes
-# (frozen copies of that encoder's output: ``tree.WRITE_LENGTHS = False`` must reproduce it)
+# (frozen copies of that encoder's output: ``tree.WRITE_LENGTHS = False`` with the list cut of
+# that time, ``OLD_CUT``, must reproduce it)
 OLD_LAYOUT = {50: ("6e575dbf20e2404fdd9ec1e988bcc5d323780874e7935404d5ce0803870e296c", 145,
                    193432),
               5000: ("594d054436b503ae713e797f14ea611785cec698ce7eb62a7048c2d7d6e9f628", 285,
                      1078335)}
+
+
+# The list cut before the two tiers started at 64 items (November 2026): stores written then
+# hold lists of under 4,096 items as one small leaf per item (or group of ~256 bytes).
+OLD_CUT = {"LONG_LIST": 4096, "LONG_LEAF_TARGET": 64 * 1024, "LONG_TAIL_TARGET": 1024}
+
+
+def old_cut(m: pytest.MonkeyPatch) -> None:
+    for name, value in OLD_CUT.items():
+        m.setattr(tree, name, value)
 
 
 def layout_state(n: int) -> dict[str, Any]:
@@ -401,16 +502,19 @@ def test_old_layout_is_reproduced_and_both_layouts_load(monkeypatch: pytest.Monk
     for n, (root, count, size) in OLD_LAYOUT.items():
         state = layout_state(n)
         with monkeypatch.context() as m:
+            old_cut(m)
+            counted = tree.build(state)  # the same cut, with lengths
             m.setattr(tree, "WRITE_LENGTHS", False)
             old = tree.build(state)
         assert (old.root, len(old.objects), sum(map(len, old.objects.values()))) == (
             root, count, size)
         assert not any(s & COUNTED for s in _shapes(old))
-        new = tree.build(state)
+        assert {s & COUNTED for s in _shapes(counted)} == {0, COUNTED} and counted.root != root
+        counted_size = sum(map(len, counted.objects.values()))
+        assert size < counted_size < size * 1.01  # lengths cost well under 1% of the bytes
+        new = tree.build(state)  # today's cut (and lengths)
         assert {s & COUNTED for s in _shapes(new)} == {0, COUNTED} and new.root != root
-        new_size = sum(map(len, new.objects.values()))
-        assert size < new_size < size * 1.01  # lengths cost well under 1% of the bytes
-        for built in (old, new):
+        for built in (old, counted, new):
             assert tree.load(built.root, fetcher(built.objects)) == state
         # the same state always gives the same nodes
         assert tree.build(state, memo=tree.Memo()).root == new.root
@@ -500,14 +604,26 @@ def test_an_append_hashes_and_groups_only_what_follows_the_unchanged_part(
 
 # Digests of every node id of these states, as the code before the vectorised leaf and index
 # builders made them (with and without a memo): node ids never change, or stores lose sharing.
-_IDS = {"layout": "40e3d53291aedd87a0766d1bc2b78721", "msgs": "23652b59028be0778b3ab87b9b31ae8d",
-        "small": "1ff11e4e4b8449fa6e41fbf3480b53ea", "tiny": "ce4d1b1359a98bb9e9b51aec1d5c3279",
-        "long": "6f36c0988006cafc4376b62994b61fae", "tuple": "941f726e1b1f6adf5f8b0082c3f7fca2",
-        "nested": "f31da390b5a9cc7d579e4c172115c068",
-        "big": "450326eef99e4b4f7663150d61fc1ebe",
+# Digests of the node ids of each state below. Those of "msgs", "small", "long", "tuple",
+# "nested" and "big" changed once, deliberately (November 2026): lists of 64 items or more
+# (not 4,096) are cut in two tiers, 16 KB closed regions (not 64 KB) and an open region cut as
+# a short list is (``tree.LONG_*``). Their old digests are in ``_OLD_CUT_IDS`` and must still
+# come out of the old constants (``OLD_CUT``): only the cut moved. "layout", "tiny" and "limit"
+# (no list of 64 items or more with a closed 16 KB region) kept theirs.
+_IDS = {"layout": "40e3d53291aedd87a0766d1bc2b78721", "msgs": "c43eb9c2b464547da73509422363d897",
+        "small": "6df0d3bece957ed4e49dac235ca50dea", "tiny": "ce4d1b1359a98bb9e9b51aec1d5c3279",
+        "long": "36b4832b26ea7e3b793c91b0a828119b", "tuple": "19b9bd4a9dacd7c8f39102d48b1356c0",
+        "nested": "a8766d73f5514b62732bf68fead6b073",
+        "big": "1c2eb572263fd85b111aa355172cda33",
         # a long list whose last region ends at the item limit: one leaf, as a store (with a
         # memo) always wrote it; a build without a memo used to cut it small (other ids)
         "limit": "d268216bb408794fe17e507a5071bf30"}
+_OLD_CUT_IDS = {"msgs": "23652b59028be0778b3ab87b9b31ae8d",
+                "small": "1ff11e4e4b8449fa6e41fbf3480b53ea",
+                "long": "6f36c0988006cafc4376b62994b61fae",
+                "tuple": "941f726e1b1f6adf5f8b0082c3f7fca2",
+                "nested": "f31da390b5a9cc7d579e4c172115c068",
+                "big": "450326eef99e4b4f7663150d61fc1ebe"}
 
 
 def _id_states() -> dict[str, Any]:
@@ -524,14 +640,18 @@ def _id_states() -> dict[str, Any]:
             "limit": {"m": list(range(5120))}}
 
 
-@pytest.mark.parametrize("name", list(_IDS))
-def test_node_ids_do_not_change(name: str) -> None:
+@pytest.mark.parametrize(("name", "cut"), [(name, "new") for name in _IDS] +
+                         [(name, "old") for name in _OLD_CUT_IDS])
+def test_node_ids_do_not_change(monkeypatch: pytest.MonkeyPatch, name: str, cut: str) -> None:
     import hashlib
 
     state = _id_states()[name]
+    if cut == "old":
+        old_cut(monkeypatch)
+    want = (_IDS if cut == "new" else _OLD_CUT_IDS)[name]
     for built in (tree.build(state), tree.build(state, memo=tree.Memo())):
         digest = hashlib.blake2b(digest_size=16)
         for oid in sorted(built.objects):
             digest.update(oid.encode())
-        assert digest.hexdigest() == _IDS[name]
+        assert digest.hexdigest() == want
         assert tree.load(built.root, fetcher(built.objects)) == state
