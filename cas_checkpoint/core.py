@@ -22,7 +22,14 @@ from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
-from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
+from .errors import (
+    CasError,
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageError,
+)
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, hashed, inlinable, object_id
 from .objstore import ObjectStore, View
@@ -312,7 +319,22 @@ class Core:
 
         state = tree.load(record.root, fetch, self.types,
                           max_bytes=2 * record.size + (1 << 20))
+        if newest and record.size <= STATE_CACHE_BYTES // 4:
+            self._remember_loaded(record, state)
         return model.checkpoint_of(cid, thread_id, record, state)
+
+    def _remember_loaded(self, record: Record, state: Any) -> None:
+        """Keep the encoding of a head's state just joined from verified nodes (before the
+        caller can change it), so that the next load of that head is warm. It is this store
+        object's own (never shared: other store objects take only encodings a save made); a
+        state whose encoding is not exactly the size its record gives (a registered class
+        whose round trip changes it) is not kept."""
+        try:
+            data = codec.encode(state, types=self.types)
+        except CasError:
+            return
+        if len(data) == record.size:
+            self._warm.state(record.root, data)
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, cached: bool = False,
