@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from . import crypto, marker
 from .backends import Backend
@@ -24,6 +25,8 @@ from .objects import Head, ObjectId, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
+
+_Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
@@ -234,6 +237,20 @@ class View:
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""
         return set(self.frozen_ids())
+
+    def lacks(self, oids: Iterable[_Id]) -> set[_Id]:
+        """Those of ``oids`` the head does not hold with bytes that hash to their id (what
+        ``frozen_ids`` says), hashing only the objects looked up that are not hashed yet (not
+        every object of every pack, as ``frozen_ids`` does the first time)."""
+        if self._ids is not None:
+            return set(oids).difference(self._ids)
+        out: set[_Id] = set()
+        for oid in set(oids).difference(self.inline, *(p.verified for p in self.packs)):
+            try:
+                self.get_view(oid)
+            except (NotFoundError, IntegrityError):  # absent, or other bytes under its name
+                out.add(oid)
+        return out
 
     def frozen_ids(self) -> frozenset[str]:
         if self._ids is None:

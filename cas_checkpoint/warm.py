@@ -31,8 +31,8 @@ THREADS_KEPT = 4096  # threads whose newest head and record are remembered
 
 class Known:
     """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
-    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
-    since."""
+    them): those of a view it loaded (those the load hashed, and each other one a save asks
+    about, hashed then), plus the ones it saved since."""
 
     __slots__ = ("ids", "lineage", "view")
 
@@ -42,7 +42,7 @@ class Known:
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
         rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)
         if rest and self.view is not None:
-            rest -= self.view.frozen_ids()
+            rest = self.view.lacks(rest)
         return {k: nodes[k] for k in rest}
 
 

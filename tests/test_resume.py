@@ -1,0 +1,69 @@
+"""A store object that resumes a thread it did not save (a new process: load the head, append
+a message, save): the save writes and hashes what is new, not the whole state again, and gives
+exactly the nodes a save from scratch gives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import CheckpointStore, objstore, tree
+
+
+def _message(i: int) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "content": f"message {i} " + "x" * 300,
+            "id": i}
+
+
+class Hashes:
+    """Objects hashed by the object store (reads) and by ``tree.build`` (nodes), counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.read = self.built = 0
+        one, many, build = objstore.object_id, objstore.object_ids, tree.object_id
+
+        def read_one(data: Any) -> Any:
+            self.read += 1
+            return one(data)
+
+        def read_many(datas: Any) -> Any:
+            datas = list(datas)
+            self.read += len(datas)
+            return many(datas)
+
+        def built(data: Any) -> Any:
+            self.built += 1
+            return build(data)
+
+        monkeypatch.setattr(objstore, "object_id", read_one)
+        monkeypatch.setattr(objstore, "object_ids", read_many)
+        monkeypatch.setattr(tree, "object_id", built)
+
+    def reset(self) -> None:
+        self.read = self.built = 0
+
+
+@pytest.fixture
+def hashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hashes]:
+    yield Hashes(monkeypatch)
+
+
+def _written(tmp_path: Path, n: int) -> str:
+    root = str(tmp_path / "s")
+    CheckpointStore.open(root).save("t", {"messages": [_message(i) for i in range(n)]})
+    return root
+
+
+def test_a_save_after_a_cold_load_hashes_only_what_it_asks_about(tmp_path: Path,
+                                                                 hashes: Hashes) -> None:
+    root = _written(tmp_path, 300)
+    store = CheckpointStore.open(root)
+    state = store.load("t").state
+    state["messages"].append(_message(300))
+    hashes.reset()
+    store.save("t", state)
+    assert hashes.read < 10  # (the old code hashed every object of the thread's pack: ~400)
+    assert CheckpointStore.open(root).load("t").state == state
