@@ -306,18 +306,7 @@ class Core:
         if cached is not None:
             return model.checkpoint_of(cid, thread_id, record,
                                        codec.decode(cached, types=self.types))
-        inline = record.root_node
-
-        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
-            if inline is None:
-                return view.get_views(oids)
-            # the root is in the record (its hash covers it): read only the nodes under it
-            out = view.get_views(o for o in oids if o != record.root)
-            if record.root in oids:
-                out[record.root] = inline
-            return out
-
-        state = tree.load(record.root, fetch, self.types,
+        state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
                           max_bytes=2 * record.size + (1 << 20))
         if newest and record.size <= STATE_CACHE_BYTES // 4:
             self._remember_loaded(record, state)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -233,6 +233,22 @@ class View:
         for oid in todo:
             out[oid] = self.get_view(oid)
         return out
+
+    def fetch(self, root: ObjectId, inline: bytes | None
+              ) -> Callable[[list[ObjectId]], dict[str, bytes | memoryview]]:
+        """A state's nodes by id, each hashed against it (``tree.load``'s fetch): the state
+        under ``root``, whose root node is ``inline`` when its record holds it (the record's
+        hash covers it: only the nodes under it are read)."""
+
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
+            if inline is None:
+                return self.get_views(oids)
+            out = self.get_views(o for o in oids if o != root)
+            if root in oids:
+                out[root] = inline
+            return out
+
+        return fetch
 
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""
