@@ -67,3 +67,31 @@ def test_a_save_after_a_cold_load_hashes_only_what_it_asks_about(tmp_path: Path,
     store.save("t", state)
     assert hashes.read < 10  # (the old code hashed every object of the thread's pack: ~400)
     assert CheckpointStore.open(root).load("t").state == state
+
+
+def test_a_save_after_a_cold_load_sees_what_the_caller_changed(tmp_path: Path) -> None:
+    root = _written(tmp_path, 120)
+    store = CheckpointStore.open(root)
+    state = store.load("t").state
+    state["messages"][7]["content"] = "changed in place"  # (the same dict object)
+    del state["messages"][50]
+    state["messages"].append(_message(120))
+    saved = store.save("t", state)
+    assert store.load("t").state == state  # (warm: the save's own encoding)
+    again = CheckpointStore.open(root).load("t")
+    assert again.id == saved.id and again.state == state
+    assert again.state["messages"][7]["content"] == "changed in place"
+
+
+def test_a_warm_load_after_a_cold_one_gives_a_fresh_copy(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _written(tmp_path, 200)
+    store = CheckpointStore.open(root)
+    joined = []
+    join = tree.load
+    monkeypatch.setattr(tree, "load", lambda *a, **k: joined.append(a[0]) or join(*a, **k))
+    first = store.load("t").state
+    first["messages"].clear()
+    second = store.load("t").state  # from the encoding kept by the first: not joined again
+    assert len(joined) == 1 and len(second["messages"]) == 200
+    assert second == CheckpointStore.open(root).load("t").state
