@@ -95,8 +95,10 @@ class Core:
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
+        have = self._have.get(thread_id)  # (the nodes of a head this store object loaded:
+        read = have.take_nodes() if have is not None else None  # the first save after it)
         with self._memo_lock:
-            built = tree.build(state, self.types, self._memo)  # raises before writing anything
+            built = tree.build(state, self.types, self._memo, read)  # raises before writing
         root, size, nodes = built.root, built.size, built.objects
         encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
         del built  # a big state's encoding is not kept while its packs are written
@@ -227,10 +229,12 @@ class Core:
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
-        cp = self.decode(view, cid, thread_id, newest=cid == head.head)
-        if cid == head.head:  # a save that follows this load need not write what it holds
-            self._known[thread_id] = ref
-            self._have[thread_id] = Known(head.lineage, view)
+        if cid != head.head:
+            return self.decode(view, cid, thread_id)
+        have = Known(head.lineage, view)  # a save that follows need not write what it holds,
+        cp = self.decode(view, cid, thread_id, newest=True, keep=have)  # nor hash it again
+        self._known[thread_id] = ref
+        self._have[thread_id] = have
         return cp
 
     def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
@@ -292,9 +296,10 @@ class Core:
                                                                   strict=True)]
 
     def decode(self, view: View, cid: CheckpointId, thread_id: str | None, *,
-               newest: bool = False) -> Checkpoint:
+               newest: bool = False, keep: Known | None = None) -> Checkpoint:
         """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them);
-        ``newest``: it is the head's, loaded with every check (warm loads may reuse it)."""
+        ``newest``: it is the head's, loaded with every check (warm loads may reuse it);
+        ``keep`` gets the state's nodes when they are read (for the next save's build)."""
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
@@ -305,27 +310,15 @@ class Core:
         if cached is not None:
             return model.checkpoint_of(cid, thread_id, record,
                                        codec.decode(cached, types=self.types))
+        read: dict[str, bytes | memoryview] | None = (
+            {} if keep is not None and record.size <= tree.MEMO_MAX else None)
         state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
-                          max_bytes=2 * record.size + (1 << 20))
-        if newest and record.size <= STATE_CACHE_BYTES // 4:
-            self._remember_loaded(record, state)
+                          max_bytes=2 * record.size + (1 << 20), keep=read)
+        if keep is not None:
+            keep.nodes = read
+        if newest:
+            self._warm.loaded(record.root, record.size, state, self.types)
         return model.checkpoint_of(cid, thread_id, record, state)
-
-    def _remember_loaded(self, record: Record, state: Any) -> None:
-        """Keep the encoding of a head's state just joined from verified nodes (before the
-        caller can change it), so that the next load of that head is warm. It is this store
-        object's own (never shared: other store objects take only encodings a save made); a
-        state whose encoding is not exactly the size its record gives (a registered class
-        whose round trip changes it) is not kept. (A warm load decodes what a registered
-        class's ``to_data`` gives of what its ``from_data`` made, as after a save: a class
-        whose round trip is not the same the second time would differ; one that keeps its
-        size is not caught. Built-in types round-trip exactly.)"""
-        try:
-            data = codec.encode(state, types=self.types)
-        except Exception:  # (a registered class's to_data that fails: the load is not the
-            return  # worse for it, the next one joins the state again)
-        if len(data) == record.size:
-            self._warm.state(record.root, data)
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, cached: bool = False,
