@@ -22,13 +22,7 @@ from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
-from .errors import (
-    FormatError,
-    IntegrityError,
-    InvalidArgumentError,
-    NotFoundError,
-    StorageError,
-)
+from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
 from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, hashed, inlinable, object_id
 from .objstore import ObjectStore, View

@@ -4,18 +4,16 @@ objects it was checked against, so nothing here can go stale:
 
 * state encodings by root id, for states this store object saved, or joined from their nodes
   in a load of a thread's head (a root id is the hash of the root node, which names its
-  children by hash); those of the other store objects of the
-  same ``memory://`` store come through ``shared.py``, used only once this reader's view holds
-  every node of the state;
+  children by hash); those of the other store objects of the same ``memory://`` store come
+  through ``shared.py``, used only once this reader's view holds every node of the state;
 * per thread, the head this store object last saved or loaded with every check (the very
   ``Head`` object ``RefStore.decode`` hands out while the ref's bytes do not change) and its
   checkpoint record: a load that reads the ref, finds it decoding to that same head object and
   has the state's encoding decodes the state straight from it, without building a view of the
   thread's packs or decoding the record again (a *warm* load);
-* per thread, which objects its lineage is known to hold (``Known``), and after a load the
-  state's nodes as read (so the next save's build takes their ids instead of hashing them),
-  so a save writes only
-  what is new.
+* per thread, which objects its lineage is known to hold (``Known``), so a save writes only
+  what is new, and after a load the state's nodes as read, so the next save's build takes
+  their ids instead of hashing them again.
 """
 
 from __future__ import annotations
