@@ -16,7 +16,9 @@ the file in WAL mode).
    built with one save of N-50 messages and then 50 single appends (the output says so).
 2. Local disk: steady save and warm load (median of 50) beside SqliteSaver put/get_tuple, a load
    in a new process (timed inside the subprocess around open + load, after the imports; the same
-   for a new sqlite3 connection + get_tuple), the first save of a whole state.
+   for a new sqlite3 connection + get_tuple), the first save of a whole state; a worker that
+   resumes a thread it did not save (a new store object / sqlite3 connection: load, load
+   again, append one message, save).
 3. memory:// beside InMemorySaver.
 4. Big values (``--big`` runs only this): saves of 16 MiB str / bytes values (distinct ones, so
    nothing is memoised) and loads by a new store object, on local disk, memory://, a zstd store
@@ -361,6 +363,7 @@ def local_rows(n: int, k: int) -> list[list[Any]]:
                                                       {"messages": next(wholes)}), 1))
         first_sq.append(median_ms(lambda: lg_put(sq, f"w-{uuid.uuid4().hex}", next(wholes), 0),
                                   1))
+    resumed = resume_rows(n, root, db)
     return [
         row(f"local save, {n:,} messages (median of {k})", cas_save, sq_save),
         row(f"local warm load, {n:,}", cas_load, sq_load),
@@ -369,6 +372,51 @@ def local_rows(n: int, k: int) -> list[list[Any]]:
         row(f"  whole subprocess (python + imports + load), {n:,}", cas_proc, sq_proc, 0),
         row(f"first save of a whole {n:,}-message state (median of {FIRST})",
             statistics.median(first_cas), statistics.median(first_sq)),
+        *resumed,
+    ]
+
+
+RESUME = 9  # resumes timed, for each saver
+
+
+def resume_rows(n: int, root: str, db: str) -> list[list[Any]]:
+    """A worker resuming a thread it did not save, as LangGraph does after a restart: a new
+    store object (a new sqlite3 connection) loads the thread's head, loads it again, appends
+    one message and saves. Timed: the first load, the second, and the save; the two savers
+    alternated, each repeat one message longer."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    msgs = states(n + RESUME, seed=7)
+    CheckpointStore.open(root).save("r", {"messages": msgs[:n]})
+    lg_put(SqliteSaver(sqlite3.connect(db, check_same_thread=False)), "r", msgs[:n], 0)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+
+    def timed(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        times[name].append((time.perf_counter() - t0) * 1000)
+        return out
+
+    for i in range(RESUME):
+        store = CheckpointStore.open(root)
+        state = timed("cas first", store.load, "r").state
+        timed("cas second", store.load, "r")
+        state["messages"].append(msgs[n + i])
+        timed("cas save", store.save, "r", state)
+        sq = SqliteSaver(sqlite3.connect(db, check_same_thread=False))
+        got = timed("lg first", lg_get, sq, "r").checkpoint["channel_values"]["messages"]
+        timed("lg second", lg_get, sq, "r")
+        assert len(got) == n + i == len(state["messages"]) - 1
+        got.append(msgs[n + i])
+        timed("lg save", lg_put, sq, "r", got, i + 1)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return [
+        row(f"resume in a new store object / connection: load, {n:,} (median of {RESUME})",
+            med["cas first"], med["lg first"]),
+        row(f"  second load of that head (one this store object did not save), {n:,}",
+            med["cas second"], med["lg second"]),
+        row(f"  first save after that load (one message appended), {n:,}", med["cas save"],
+            med["lg save"]),
     ]
 
 

@@ -89,8 +89,10 @@ class Core:
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
+        have = self._have.get(thread_id)  # (the nodes of a head this store object loaded:
+        read = have.take_nodes() if have is not None else None  # the first save after it)
         with self._memo_lock:
-            built = tree.build(state, self.types, self._memo)  # raises before writing anything
+            built = tree.build(state, self.types, self._memo, read)  # raises before writing
         root, size, nodes = built.root, built.size, built.objects
         encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
         del built  # a big state's encoding is not kept while its packs are written
@@ -221,10 +223,12 @@ class Core:
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
-        cp = self.decode(view, cid, thread_id, newest=cid == head.head)
-        if cid == head.head:  # a save that follows this load need not write what it holds
-            self._known[thread_id] = ref
-            self._have[thread_id] = Known(head.lineage, view)
+        if cid != head.head:
+            return self.decode(view, cid, thread_id)
+        have = Known(head.lineage, view)  # a save that follows need not write what it holds,
+        cp = self.decode(view, cid, thread_id, newest=True, keep=have)  # nor hash it again
+        self._known[thread_id] = ref
+        self._have[thread_id] = have
         return cp
 
     def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
@@ -286,9 +290,10 @@ class Core:
                                                                   strict=True)]
 
     def decode(self, view: View, cid: CheckpointId, thread_id: str | None, *,
-               newest: bool = False) -> Checkpoint:
+               newest: bool = False, keep: Known | None = None) -> Checkpoint:
         """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them);
-        ``newest``: it is the head's, loaded with every check (warm loads may reuse it)."""
+        ``newest``: it is the head's, loaded with every check (warm loads may reuse it);
+        ``keep`` gets the state's nodes when they are read (for the next save's build)."""
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
@@ -299,19 +304,14 @@ class Core:
         if cached is not None:
             return model.checkpoint_of(cid, thread_id, record,
                                        codec.decode(cached, types=self.types))
-        inline = record.root_node
-
-        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
-            if inline is None:
-                return view.get_views(oids)
-            # the root is in the record (its hash covers it): read only the nodes under it
-            out = view.get_views(o for o in oids if o != record.root)
-            if record.root in oids:
-                out[record.root] = inline
-            return out
-
-        state = tree.load(record.root, fetch, self.types,
-                          max_bytes=2 * record.size + (1 << 20))
+        read: dict[str, bytes | memoryview] | None = (
+            {} if keep is not None and record.size <= tree.MEMO_MAX else None)
+        state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
+                          max_bytes=2 * record.size + (1 << 20), keep=read)
+        if keep is not None:
+            keep.nodes = read
+        if newest:
+            self._warm.loaded(record.root, record.size, state, self.types)
         return model.checkpoint_of(cid, thread_id, record, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from . import crypto, marker
 from .backends import Backend
@@ -24,6 +25,8 @@ from .objects import Head, ObjectId, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
+
+_Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
@@ -231,9 +234,39 @@ class View:
             out[oid] = self.get_view(oid)
         return out
 
+    def fetch(self, root: ObjectId, inline: bytes | None
+              ) -> Callable[[list[ObjectId]], dict[str, bytes | memoryview]]:
+        """A state's nodes by id, each hashed against it (``tree.load``'s fetch): the state
+        under ``root``, whose root node is ``inline`` when its record holds it (the record's
+        hash covers it: only the nodes under it are read)."""
+
+        def fetch(oids: list[ObjectId]) -> dict[str, bytes | memoryview]:
+            if inline is None:
+                return self.get_views(oids)
+            out = self.get_views(o for o in oids if o != root)
+            if root in oids:
+                out[root] = inline
+            return out
+
+        return fetch
+
     def ids(self) -> set[str]:
         """The ids of every object the head holds (a new set each call)."""
         return set(self.frozen_ids())
+
+    def lacks(self, oids: Iterable[_Id]) -> set[_Id]:
+        """Those of ``oids`` the head does not hold with bytes that hash to their id (what
+        ``frozen_ids`` says), hashing only the objects looked up that are not hashed yet (not
+        every object of every pack, as ``frozen_ids`` does the first time)."""
+        if self._ids is not None:
+            return set(oids).difference(self._ids)
+        out: set[_Id] = set()
+        for oid in set(oids).difference(self.inline, *(p.verified for p in self.packs)):
+            try:
+                self.get_view(oid)
+            except (NotFoundError, IntegrityError):  # absent, or other bytes under its name
+                out.add(oid)
+        return out
 
     def frozen_ids(self) -> frozenset[str]:
         if self._ids is None:

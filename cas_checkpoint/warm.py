@@ -2,17 +2,18 @@
 decode again what it just wrote or checked. Everything is keyed by content or by the very
 objects it was checked against, so nothing here can go stale:
 
-* state encodings by root id, for states this store object saved (a root id is the hash of
-  the root node, which names its children by hash); those of the other store objects of the
-  same ``memory://`` store come through ``shared.py``, used only once this reader's view holds
-  every node of the state;
+* state encodings by root id, for states this store object saved, or joined from their nodes
+  in a load of a thread's head (a root id is the hash of the root node, which names its
+  children by hash); those of the other store objects of the same ``memory://`` store come
+  through ``shared.py``, used only once this reader's view holds every node of the state;
 * per thread, the head this store object last saved or loaded with every check (the very
   ``Head`` object ``RefStore.decode`` hands out while the ref's bytes do not change) and its
   checkpoint record: a load that reads the ref, finds it decoding to that same head object and
   has the state's encoding decodes the state straight from it, without building a view of the
   thread's packs or decoding the record again (a *warm* load);
 * per thread, which objects its lineage is known to hold (``Known``), so a save writes only
-  what is new.
+  what is new, and after a load the state's nodes as read, so the next save's build takes
+  their ids instead of hashing them again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
+from . import codec
+from .codec import TypeRegistry
 from .objects import Head, ObjectId, Record
 from .objstore import View
 from .shared import Shared
@@ -31,18 +35,26 @@ THREADS_KEPT = 4096  # threads whose newest head and record are remembered
 
 class Known:
     """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
-    them): those of a view it loaded (hashed the first time a save asks), plus the ones it saved
-    since."""
+    them): those of a view it loaded (those the load hashed, and each other one a save asks
+    about, hashed then), plus the ones it saved since."""
 
-    __slots__ = ("ids", "lineage", "view")
+    __slots__ = ("ids", "lineage", "nodes", "view")
 
     def __init__(self, lineage: bytes, view: View | None = None) -> None:
         self.lineage, self.view, self.ids = lineage, view, set[str]()
+        # the loaded state's nodes by id, each hashed against it by the load: the next save's
+        # build takes a node's id from here instead of hashing it (``tree.build(known=)``)
+        self.nodes: dict[str, bytes | memoryview] | None = None
+
+    def take_nodes(self) -> dict[str, bytes | memoryview] | None:
+        """``nodes``, once (the first save after the load; later ones have the memo)."""
+        got, self.nodes = self.nodes, None
+        return got
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
         rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)
         if rest and self.view is not None:
-            rest -= self.view.frozen_ids()
+            rest = self.view.lacks(rest)
         return {k: nodes[k] for k in rest}
 
 
@@ -72,6 +84,24 @@ class Remembered:
             self._states.move_to_end(root)
             while self._states_bytes > STATE_CACHE_BYTES:
                 self._states_bytes -= len(self._states.popitem(last=False)[1])
+
+    def loaded(self, root: str, size: int, state: Any, types: TypeRegistry) -> None:
+        """Keep the encoding of a head's state just joined from verified nodes, encoded again
+        (before the caller can change it), so that the next load of that head is warm. It is
+        this store object's own (never shared: other store objects take only encodings a save
+        made); a state whose encoding is not exactly the ``size`` its record gives (a
+        registered class whose round trip changes it) is not kept. (A warm load decodes what
+        a registered class's ``to_data`` gives of what its ``from_data`` made, as after a
+        save: a class whose round trip is not the same the second time would differ; one
+        that keeps its size is not caught. Built-in types round-trip exactly.)"""
+        if size > STATE_CACHE_BYTES // 4:
+            return
+        try:
+            data = codec.encode(state, types=types)
+        except Exception:  # (a registered class's to_data that fails: the load is not the
+            return  # worse for it, the next one joins the state again)
+        if len(data) == size:
+            self.state(root, data)
 
     def encoding(self, root: str, view: View) -> bytes | None:
         """The encoding of the state ``root`` of a checkpoint ``view`` holds: one this store

@@ -74,3 +74,62 @@ def test_a_damaged_ref_is_not_served_from_memory(tmp_path: Path) -> None:
     ref.write_bytes(bytes(data))
     with pytest.raises(IntegrityError):
         store.load("t")
+
+
+# --- a store object that loads a head it did not save (a new process resuming a thread) ---
+
+
+def _thread(url: str, n: int = 40) -> CheckpointStore:
+    writer = CheckpointStore.open(url)
+    for i in range(1, n + 1):
+        writer.save("t", {"messages": [{"i": j, "x": "y" * 300} for j in range(i)],
+                          "t": (i, {i}), "n": 2 ** 70 + i})
+    return writer
+
+
+def test_a_second_load_of_a_head_loaded_cold_is_warm(url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _thread(url)
+    reader = CheckpointStore.open(url)
+    cold = reader.load("t")
+    expected = CheckpointStore.open(url).load("t")
+    cold.state["messages"].append({"changed": True})  # the caller's copy, changed after
+    cold.state["t"][1].add(-1)
+    with monkeypatch.context() as patch:
+        _no_view(patch)
+        warm = reader.load("t")
+        again = reader.load("t")
+    assert warm == expected and again == expected and warm.state is not again.state
+
+
+def test_a_head_loaded_cold_then_moved_by_another_writer_is_loaded_again(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = _thread(url, 5)
+    reader = CheckpointStore.open(url)
+    first = reader.load("t")
+    moved = writer.save("t", {"moved": 1})
+    with monkeypatch.context() as patch:
+        _no_view(patch)
+        with pytest.raises(AssertionError, match="built a view"):
+            reader.load("t")  # a new head: loaded (and checked) as before
+    got = reader.load("t")
+    assert got.id == moved.id and got.state == {"moved": 1}
+    writer.rewind("t", first.id)  # a rewind by another writer: a new head object again
+    with monkeypatch.context() as patch:
+        _no_view(patch)
+        with pytest.raises(AssertionError, match="built a view"):
+            reader.load("t")
+    assert reader.load("t") == first
+
+
+def test_a_damaged_ref_after_a_cold_load_is_not_served_from_memory(tmp_path: Path) -> None:
+    _thread(str(tmp_path / "s"), 3)
+    reader = CheckpointStore.open(str(tmp_path / "s"))
+    assert reader.load("t").state["n"] == 2 ** 70 + 3
+    ref = next(p for p in (tmp_path / "s" / "refs" / "heads").iterdir()
+               if not p.name.endswith(".lock"))
+    data = bytearray(ref.read_bytes())
+    data[60] ^= 1  # a byte of the live slot's head
+    ref.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        reader.load("t")

@@ -1,0 +1,120 @@
+"""A store object that resumes a thread it did not save (a new process: load the head, append
+a message, save): the save writes and hashes what is new, not the whole state again, and gives
+exactly the nodes a save from scratch gives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cas_checkpoint import CheckpointStore, objstore, tree
+
+
+def _message(i: int) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "content": f"message {i} " + "x" * 300,
+            "id": i}
+
+
+class Hashes:
+    """Objects hashed by the object store (reads) and by ``tree.build`` (nodes), counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.read = self.built = 0
+        one, many, build = objstore.object_id, objstore.object_ids, tree.object_id
+
+        def read_one(data: Any) -> Any:
+            self.read += 1
+            return one(data)
+
+        def read_many(datas: Any) -> Any:
+            datas = list(datas)
+            self.read += len(datas)
+            return many(datas)
+
+        def built(data: Any) -> Any:
+            self.built += 1
+            return build(data)
+
+        monkeypatch.setattr(objstore, "object_id", read_one)
+        monkeypatch.setattr(objstore, "object_ids", read_many)
+        monkeypatch.setattr(tree, "object_id", built)
+
+    def reset(self) -> None:
+        self.read = self.built = 0
+
+
+@pytest.fixture
+def hashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hashes]:
+    yield Hashes(monkeypatch)
+
+
+def _written(tmp_path: Path, n: int) -> str:
+    root = str(tmp_path / "s")
+    CheckpointStore.open(root).save("t", {"messages": [_message(i) for i in range(n)]})
+    return root
+
+
+def test_a_save_after_a_cold_load_hashes_only_what_it_asks_about(tmp_path: Path,
+                                                                 hashes: Hashes) -> None:
+    root = _written(tmp_path, 300)
+    store = CheckpointStore.open(root)
+    state = store.load("t").state
+    state["messages"].append(_message(300))
+    hashes.reset()
+    store.save("t", state)
+    assert hashes.read < 10  # (the old code hashed every object of the thread's pack: ~400)
+    # the build takes the id of each node the load read (the same bytes); it hashes only the
+    # new leaf and the nodes above it that changed (the old code: every node, ~400)
+    assert hashes.built < 12
+    assert CheckpointStore.open(root).load("t").state == state
+
+
+def test_a_save_after_a_cold_load_sees_what_the_caller_changed(tmp_path: Path) -> None:
+    root = _written(tmp_path, 120)
+    store = CheckpointStore.open(root)
+    state = store.load("t").state
+    state["messages"][7]["content"] = "changed in place"  # (the same dict object)
+    del state["messages"][50]
+    state["messages"].append(_message(120))
+    saved = store.save("t", state)
+    assert store.load("t").state == state  # (warm: the save's own encoding)
+    again = CheckpointStore.open(root).load("t")
+    assert again.id == saved.id and again.state == state
+    assert again.state["messages"][7]["content"] == "changed in place"
+
+
+def test_a_warm_load_after_a_cold_one_gives_a_fresh_copy(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _written(tmp_path, 200)
+    store = CheckpointStore.open(root)
+    joined = []
+    join = tree.load
+    monkeypatch.setattr(tree, "load", lambda *a, **k: joined.append(a[0]) or join(*a, **k))
+    first = store.load("t").state
+    first["messages"].clear()
+    second = store.load("t").state  # from the encoding kept by the first: not joined again
+    assert len(joined) == 1 and len(second["messages"]) == 200
+    assert second == CheckpointStore.open(root).load("t").state
+
+
+def test_a_build_with_the_loaded_nodes_makes_the_nodes_of_a_build_from_scratch(
+        tmp_path: Path, hashes: Hashes) -> None:
+    root = _written(tmp_path, 300)
+    store = CheckpointStore.open(root)
+    state = store.load("t").state
+    read = store._core._have["t"].nodes
+    assert read and len(read) > 300
+    messages = state["messages"]
+    messages[3]["content"] = "changed in place"  # (the same dict: only content tells)
+    messages[200], messages[201] = messages[201], messages[200]
+    messages.append(_message(300))
+    hashes.reset()
+    got = tree.build(state, None, None, read)
+    hashed = hashes.built
+    want = tree.build(state)
+    assert got.root == want.root and got.objects == want.objects
+    assert len(got.objects) > 390 and hashed < 40  # (the unchanged leaves and index nodes:
+    # not hashed)
