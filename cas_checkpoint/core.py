@@ -89,10 +89,8 @@ class Core:
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
-        have = self._have.get(thread_id)  # (the nodes of a head this store object loaded:
-        read = have.take_nodes() if have is not None else None  # the first save after it)
         with self._memo_lock:
-            built = tree.build(state, self.types, self._memo, read)  # raises before writing
+            built = tree.build(state, self.types, self._memo)  # raises before writing anything
         root, size, nodes = built.root, built.size, built.objects
         encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
         del built  # a big state's encoding is not kept while its packs are written
@@ -223,12 +221,10 @@ class Core:
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
-        if cid != head.head:
-            return self.decode(view, cid, thread_id)
-        have = Known(head.lineage, view)  # a save that follows need not write what it holds,
-        cp = self.decode(view, cid, thread_id, newest=True, keep=have)  # nor hash it again
-        self._known[thread_id] = ref
-        self._have[thread_id] = have
+        cp = self.decode(view, cid, thread_id, newest=cid == head.head)
+        if cid == head.head:  # a save that follows this load need not write what it holds
+            self._known[thread_id] = ref
+            self._have[thread_id] = Known(head.lineage, view)
         return cp
 
     def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
@@ -290,10 +286,10 @@ class Core:
                                                                   strict=True)]
 
     def decode(self, view: View, cid: CheckpointId, thread_id: str | None, *,
-               newest: bool = False, keep: Known | None = None) -> Checkpoint:
+               newest: bool = False) -> Checkpoint:
         """The checkpoint ``cid`` from the objects of ``view`` (pure: the view holds them);
-        ``newest``: it is the head's, loaded with every check (warm loads may reuse it);
-        ``keep`` gets the state's nodes when they are read (for the next save's build)."""
+        ``newest``: it is the head's, loaded with every check (warm loads may reuse it, and
+        keep its state's encoding for the next)."""
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
@@ -304,12 +300,8 @@ class Core:
         if cached is not None:
             return model.checkpoint_of(cid, thread_id, record,
                                        codec.decode(cached, types=self.types))
-        read: dict[str, bytes | memoryview] | None = (
-            {} if keep is not None and record.size <= tree.MEMO_MAX else None)
         state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
-                          max_bytes=2 * record.size + (1 << 20), keep=read)
-        if keep is not None:
-            keep.nodes = read
+                          max_bytes=2 * record.size + (1 << 20))
         if newest:
             self._warm.loaded(record.root, record.size, state, self.types)
         return model.checkpoint_of(cid, thread_id, record, state)

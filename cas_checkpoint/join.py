@@ -46,22 +46,16 @@ Fetch = Callable[[list[ObjectId]], Mapping[str, bytes | memoryview]]
 
 
 def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
-         seen: set[str] | None = None, max_bytes: int | None = None,
-         keep: dict[str, bytes | memoryview] | None = None) -> Any:
+         seen: set[str] | None = None, max_bytes: int | None = None) -> Any:
     """Read a state back from its root node; ``fetch`` returns verified bytes by id, a batch
-    per tree level. ``seen`` collects the node ids read; ``keep``, once the state is joined,
-    each node's bytes as ``fetch`` gave them. ``max_bytes`` lowers the expansion budget
-    further (it can never raise it)."""
+    per tree level. ``seen`` collects the node ids read. ``max_bytes`` lowers the expansion
+    budget further (it can never raise it)."""
     nodes: dict[str, tuple[tuple[ObjectId, ...], memoryview]] = {}
-    read: dict[str, bytes | memoryview] = {}
     frontier: list[ObjectId] = [root]
     distinct = 0
     while frontier:  # a level at a time, each node decoded in one pass over the level
         got = fetch(frontier)
-        datas = [got[oid] for oid in frontier]
-        if keep is not None:
-            read.update(zip(frontier, datas, strict=True))
-        level = decode_nodes(datas)
+        level = decode_nodes([got[oid] for oid in frontier])
         nodes.update(zip(frontier, level, strict=True))
         distinct += sum([len(payload) + ID_COST * len(kids) for kids, payload in level])
         if distinct > LOAD_BUDGET:
@@ -74,10 +68,7 @@ def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
     budget = min(LOAD_BUDGET, EXPANSION * distinct + (1 << 20))
     if max_bytes is not None:
         budget = min(budget, max_bytes)
-    state = _Joiner(nodes, types, budget).run(root)
-    if keep is not None:
-        keep.update(read)
-    return state
+    return _Joiner(nodes, types, budget).run(root)
 
 
 class _Frame:

@@ -50,7 +50,7 @@ checks each against the part it joins and refuses a node whose lengths disagree.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import sub
 from typing import Any, cast
@@ -136,11 +136,9 @@ class Built:
 
 
 class _Builder:
-    def __init__(self, types: codec.TypeRegistry | None, memo: Memo | None = None,
-                 known: dict[bytes, ObjectId] | None = None) -> None:
+    def __init__(self, types: codec.TypeRegistry | None, memo: Memo | None = None) -> None:
         self.types = types
         self.memo = memo
-        self.known = known or {}  # bytes of nodes read and hashed against their id: their id
         self.objects: dict[ObjectId, bytes] = {}
         self.nest = 0  # split values inside split values, on the way down
         self.counted = WRITE_LENGTHS
@@ -155,14 +153,9 @@ class _Builder:
     def node_of(self, parts: tuple[bytes | memoryview, ...] | list[bytes | memoryview],
                 children: list[ObjectId] | tuple[ObjectId, ...] = ()) -> ObjectId:
         data = node_bytes(parts, children)  # the payload: ``parts`` (shape byte first) joined
-        oid = self.known.get(data) or object_id(data)
+        oid = object_id(data)
         self.objects[oid] = data
         return oid
-
-    def ids(self, datas: list[bytes]) -> list[ObjectId]:
-        """Each node's id: the one ``known`` gives for its bytes, else its hash."""
-        known, hash_ = self.known, object_id
-        return [known.get(d) or hash_(d) for d in datas]
 
     def concat_payload(self, shape: int, children: Sequence[ObjectId]) -> tuple[bytes, int]:
         """A concatenation's payload (its shape byte and, counted, its children's lengths) and
@@ -187,7 +180,7 @@ class _Builder:
         if got is None:
             payload, total = self.concat_payload(shape, children)
             data = node_bytes((payload,), children)
-            got = (self.known.get(data) or object_id(data), data, total)
+            got = (object_id(data), data, total)
             if memo is not None:
                 memo.index[key] = got
                 if len(memo.index) > memo.INDEX:
@@ -221,8 +214,7 @@ class _Builder:
                         else [_SHAPES[shape]] * len(parts))
             datas = [node_bytes((payload,), g) for g, payload in zip(made, payloads,
                                                                      strict=True)]
-            entries = list(zip(self.ids(datas) if self.known else map(hash_, datas), datas,
-                               totals, strict=True))
+            entries = list(zip(map(hash_, datas), datas, totals, strict=True))
             for i, entry in zip(todo, entries, strict=True):
                 got[i] = entry
             if memo is not None:
@@ -320,7 +312,7 @@ class _Builder:
         heads, hash_, starts = _ARRAY_HEADS, object_id, [lo, *stops]
         datas = [b"".join((_TEXT_LEAF, heads[b - a], view[bounds[a]:bounds[b]]))
                  for a, b in zip(starts, stops, strict=False)]
-        ids = self.ids(datas) if self.known else [hash_(d) for d in datas]
+        ids = [hash_(d) for d in datas]
         self.objects.update(zip(ids, datas, strict=True))
         self.lengths.update(zip(ids, map(sub, stops, starts), strict=False))
         return ids, datas
@@ -435,7 +427,7 @@ class _Builder:
             piece = raw[start:cut]  # its encoding: a str/bin header, then the bytes themselves
             # a leaf node without children: node_bytes((_VALUE_BYTE, header, piece)), inlined
             leaf_data = b"".join((_TEXT_LEAF, text_header(cut - start, is_str), piece))
-            leaf = self.known.get(leaf_data) or object_id(leaf_data)
+            leaf = object_id(leaf_data)
             objects[leaf] = leaf_data
             lengths[leaf] = cut - start if chars else len(str(piece, "utf-8"))
             leaves.append(leaf)
@@ -581,13 +573,10 @@ def _group_ends(level: list[ObjectId], first: int, depth: int) -> list[int]:
     return out
 
 
-def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None = None,
-          known: Mapping[str, bytes | memoryview] | None = None) -> Built:
+def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None = None
+          ) -> Built:
     """Encode a state into nodes (SerializationError before anything is written). With a
-    ``memo``, what an earlier build of the same content hashed is reused, not hashed again;
-    ``known`` gives nodes by id, each read and hashed against it (a state just loaded): a node
-    made of the same bytes takes that id without being hashed (a match of content, never of
-    position or object identity: the nodes made are those of a build without it)."""
+    ``memo``, what an earlier build of the same content hashed is reused, not hashed again."""
     data: bytes | memoryview = codec.encode_view(value, types=types)
     if len(data) > REENCODE_MIN:  # msgpack's buffer (up to 2x) is not held with the leaves:
         size, data = len(data), b""  # encoded again at its size (~0.5 ms a MB), peak ~2x
@@ -598,8 +587,7 @@ def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None
         raise SerializationError(
             f"cannot store the state: it encodes to {len(data)} bytes, more than the "
             f"{MAX_STATE_BYTES} a checkpoint may hold; keep large blobs outside the state")
-    builder = _Builder(types, memo, cast("dict[bytes, ObjectId]", {
-        bytes(d): oid for oid, d in known.items()}) if known else None)
+    builder = _Builder(types, memo)
     top = builder.subtree(value, data)
     root = top if isinstance(top, str) else builder.concat(top.shape, top.children)
     # (a state of at most 512 KB cannot trip this: skip the sum)

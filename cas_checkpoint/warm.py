@@ -12,8 +12,7 @@ objects it was checked against, so nothing here can go stale:
   has the state's encoding decodes the state straight from it, without building a view of the
   thread's packs or decoding the record again (a *warm* load);
 * per thread, which objects its lineage is known to hold (``Known``), so a save writes only
-  what is new, and after a load the state's nodes as read, so the next save's build takes
-  their ids instead of hashing them again.
+  what is new.
 """
 
 from __future__ import annotations
@@ -38,18 +37,10 @@ class Known:
     them): those of a view it loaded (those the load hashed, and each other one a save asks
     about, hashed then), plus the ones it saved since."""
 
-    __slots__ = ("ids", "lineage", "nodes", "view")
+    __slots__ = ("ids", "lineage", "view")
 
     def __init__(self, lineage: bytes, view: View | None = None) -> None:
         self.lineage, self.view, self.ids = lineage, view, set[str]()
-        # the loaded state's nodes by id, each hashed against it by the load: the next save's
-        # build takes a node's id from here instead of hashing it (``tree.build(known=)``)
-        self.nodes: dict[str, bytes | memoryview] | None = None
-
-    def take_nodes(self) -> dict[str, bytes | memoryview] | None:
-        """``nodes``, once (the first save after the load; later ones have the memo)."""
-        got, self.nodes = self.nodes, None
-        return got
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
         rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)

@@ -1,6 +1,8 @@
 """A store object that resumes a thread it did not save (a new process: load the head, append
-a message, save): the save writes and hashes what is new, not the whole state again, and gives
-exactly the nodes a save from scratch gives."""
+a message, save): the save checks only what it asks about in the loaded packs (not every object
+of the thread's packs), sees what the caller changed in place, and the next load is warm. (Its
+build cuts the state from scratch: it has no memory of a state it did not build; a state of
+~1,000 messages is a few dozen nodes.)"""
 
 from __future__ import annotations
 
@@ -66,9 +68,8 @@ def test_a_save_after_a_cold_load_hashes_only_what_it_asks_about(tmp_path: Path,
     hashes.reset()
     store.save("t", state)
     assert hashes.read < 10  # (the old code hashed every object of the thread's pack: ~400)
-    # the build takes the id of each node the load read (the same bytes); it hashes only the
-    # new leaf and the nodes above it that changed (the old code: every node, ~400)
-    assert hashes.built < 12
+    # the build hashes each node of the state once, as a build from scratch does
+    assert 0 < hashes.built <= len(tree.build(state).objects) + 1
     assert CheckpointStore.open(root).load("t").state == state
 
 
@@ -98,23 +99,3 @@ def test_a_warm_load_after_a_cold_one_gives_a_fresh_copy(tmp_path: Path,
     second = store.load("t").state  # from the encoding kept by the first: not joined again
     assert len(joined) == 1 and len(second["messages"]) == 200
     assert second == CheckpointStore.open(root).load("t").state
-
-
-def test_a_build_with_the_loaded_nodes_makes_the_nodes_of_a_build_from_scratch(
-        tmp_path: Path, hashes: Hashes) -> None:
-    root = _written(tmp_path, 300)
-    store = CheckpointStore.open(root)
-    state = store.load("t").state
-    read = store._core._have["t"].nodes
-    assert read and len(read) > 300
-    messages = state["messages"]
-    messages[3]["content"] = "changed in place"  # (the same dict: only content tells)
-    messages[200], messages[201] = messages[201], messages[200]
-    messages.append(_message(300))
-    hashes.reset()
-    got = tree.build(state, None, None, read)
-    hashed = hashes.built
-    want = tree.build(state)
-    assert got.root == want.root and got.objects == want.objects
-    assert len(got.objects) > 390 and hashed < 40  # (the unchanged leaves and index nodes:
-    # not hashed)
