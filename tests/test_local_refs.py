@@ -188,11 +188,8 @@ def test_an_empty_ref_file_is_a_format_error(tmp_path: Path) -> None:
         CheckpointStore.open(store.url).load("t")
 
 
-def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pack in a new packs/ab folder, and the ref naming it, survive power loss only if the
-    folders' own entries do: the first time a process uses a folder, each folder between the
-    root and it is fsynced (also when another process made it): its parent the first time a
-    process uses it, each folder above once per process."""
+def _spy_folder_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The folders the local backend fsyncs from now on, in order (each still fsynced)."""
     from cas_checkpoint.backends.local import LocalBackend
 
     synced: list[str] = []
@@ -203,6 +200,16 @@ def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.Monkey
         real(folder)
 
     monkeypatch.setattr(LocalBackend, "_fsync_dir", staticmethod(spy))
+    return synced
+
+
+def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack in a new packs/ab folder, and the ref naming it, survive power loss only if the
+    folders' own entries do: the first time a process uses a folder, each folder between the
+    root and it is fsynced (also when another process made it): its parent the first time a
+    process uses it, each folder above once per process."""
+
+    synced = _spy_folder_fsyncs(monkeypatch)
     root = str(tmp_path / "new" / "store")
     store = CheckpointStore.open(root, compression="none")
     assert str(tmp_path / "new") in synced  # the root's own name
@@ -267,7 +274,6 @@ def test_a_reused_object_has_its_folder_fsynced(tmp_path: Path,
     before it was linked, but if that writer was killed between its link and its folder fsync,
     its name may not be durable: the reusing put fsyncs the folder, as after a write of its own,
     before it returns (and so before a ref may name the object)."""
-    from cas_checkpoint.backends.local import LocalBackend
 
     root = str(tmp_path / "s")
     store = CheckpointStore.open(root, compression="none")
@@ -275,14 +281,7 @@ def test_a_reused_object_has_its_folder_fsynced(tmp_path: Path,
     keys = [i.key for i in store.backend.list("packs")]
     assert keys
     items = {k: Path(root, k).read_bytes() for k in keys}
-    synced: list[str] = []
-    real = LocalBackend._fsync_dir
-
-    def spy(folder: str) -> None:
-        synced.append(folder)
-        real(folder)
-
-    monkeypatch.setattr(LocalBackend, "_fsync_dir", staticmethod(spy))
+    synced = _spy_folder_fsyncs(monkeypatch)
     other = CheckpointStore.open(root, compression="none").backend  # another process's
     inodes = {k: os.stat(Path(root, k)).st_ino for k in keys}
     other.put_many(items)

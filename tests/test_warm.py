@@ -63,15 +63,19 @@ def test_a_warm_load_follows_the_ref(url: str, monkeypatch: pytest.MonkeyPatch) 
     assert store.load("t").state == {"mine": 1}
 
 
+def _damage_ref(root: Path) -> None:
+    """Flip a byte of the live slot's head in the store's one ref file."""
+    ref = next(p for p in (root / "refs" / "heads").iterdir() if not p.name.endswith(".lock"))
+    data = bytearray(ref.read_bytes())
+    data[60] ^= 1
+    ref.write_bytes(bytes(data))
+
+
 def test_a_damaged_ref_is_not_served_from_memory(tmp_path: Path) -> None:
     store = CheckpointStore.open(str(tmp_path / "s"))
     store.save("t", {"x": 1})
     assert store.load("t").state == {"x": 1}
-    ref = next(p for p in (tmp_path / "s" / "refs" / "heads").iterdir()
-               if not p.name.endswith(".lock"))
-    data = bytearray(ref.read_bytes())
-    data[60] ^= 1  # a byte of the live slot's head
-    ref.write_bytes(bytes(data))
+    _damage_ref(tmp_path / "s")
     with pytest.raises(IntegrityError):
         store.load("t")
 
@@ -126,10 +130,6 @@ def test_a_damaged_ref_after_a_cold_load_is_not_served_from_memory(tmp_path: Pat
     _thread(str(tmp_path / "s"), 3)
     reader = CheckpointStore.open(str(tmp_path / "s"))
     assert reader.load("t").state["n"] == 2 ** 70 + 3
-    ref = next(p for p in (tmp_path / "s" / "refs" / "heads").iterdir()
-               if not p.name.endswith(".lock"))
-    data = bytearray(ref.read_bytes())
-    data[60] ^= 1  # a byte of the live slot's head
-    ref.write_bytes(bytes(data))
+    _damage_ref(tmp_path / "s")
     with pytest.raises(IntegrityError):
         reader.load("t")
