@@ -41,90 +41,29 @@ leaves room for compression and encryption.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NewType, cast
+from typing import Any
 
 import blake3
 import msgpack
 
 from .errors import FormatError, IntegrityError, InvalidArgumentError
+from .ids import BIG_HASH as BIG_HASH
+from .ids import CheckpointId as CheckpointId
+from .ids import ObjectId as ObjectId
+from .ids import hashed as hashed
+from .ids import inline_id as inline_id
+from .ids import is_object_id as is_object_id
+from .ids import object_id as object_id
+from .ids import object_ids as object_ids
 from .links import read_varint, varint
-
-ObjectId = NewType("ObjectId", str)
-"""64 lowercase hex digits: the BLAKE3 hash of an object's bytes."""
-CheckpointId = NewType("CheckpointId", str)
-"""The ObjectId of a checkpoint record."""
 
 VERSION = 3  # 3: packs, heads with a checksum, inline objects and pack lists
 NODE, RECORD, SEGMENT, HEAD, PACK = b"N", b"C", b"L", b"H", b"P"
 _HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD, PACK)}
-_ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_META_BYTES = 64 * 1024
 INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
-BIG_HASH = 1 << 20  # bytes from which BLAKE3 runs on several threads (a pack, say)
-
-
-def object_id(data: bytes | memoryview) -> ObjectId:
-    """The BLAKE3 name of ``data`` (a big one hashed on every core: the same hash)."""
-    if len(data) >= BIG_HASH:
-        return ObjectId(blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest())
-    # Hashers are reused (making one costs more than hashing a 400-byte node): each call takes
-    # one out of the pool while it works, so a call from another thread, or one nested in this
-    # one (a signal handler, a finalizer), never shares it; one that raises is not put back.
-    hasher = _HASHERS.pop() if _HASHERS else blake3.blake3()
-    hasher.update(data)
-    oid: ObjectId = hasher.digest().hex()  # type: ignore[assignment]
-    hasher.reset()
-    _HASHERS.append(hasher)
-    return oid
-
-
-_HASHERS: list[blake3.blake3] = []  # idle hashers, each reset (list pop/append are atomic)
-
-
-def object_ids(datas: Sequence[bytes | memoryview]) -> list[ObjectId]:
-    """``object_id`` of each of ``datas``, in one pass over a reused hasher (a load's nodes)."""
-    if not datas or max(map(len, datas)) >= BIG_HASH:
-        return [object_id(d) for d in datas]
-    hasher = _HASHERS.pop() if _HASHERS else blake3.blake3()
-    update, digest, reset = hasher.update, hasher.hexdigest, hasher.reset
-    out = [(update(d), digest(), reset())[1] for d in datas]
-    _HASHERS.append(hasher)
-    return cast(list[ObjectId], out)
-
-
-_SEEN: dict[int, tuple[bytes, ObjectId]] = {}  # id(bytes object) -> (it, its name)
-SEEN_MAX = 1024  # bytes objects remembered (a head's inline objects: at most a few KB each)
-
-
-def inline_id(data: bytes) -> ObjectId:
-    """``object_id`` of a head's inline object, remembered for the very same bytes object (it
-    is kept alive with its name, so its identity cannot be reused; bytes never change): a
-    thread's inline objects are carried from head to head and need hashing once."""
-    got = _SEEN.get(id(data))
-    if got is not None and got[0] is data:
-        return got[1]
-    oid = object_id(data)
-    if type(data) is bytes and len(data) <= 64 * 1024:
-        if len(_SEEN) >= SEEN_MAX:
-            _SEEN.clear()
-        _SEEN[id(data)] = (data, oid)
-    return oid
-
-
-def hashed(data: bytes, oid: ObjectId) -> None:
-    """Tell ``inline_id`` that ``data`` hashes to ``oid``: the caller has just hashed these
-    very bytes (a save's root node, which its record checks)."""
-    if type(data) is bytes and len(data) <= 64 * 1024:
-        if len(_SEEN) >= SEEN_MAX:
-            _SEEN.clear()
-        _SEEN[id(data)] = (data, oid)
-
-
-def is_object_id(text: object) -> bool:
-    return isinstance(text, str) and _ID_RE.match(text) is not None
 
 
 def object_kind(data: bytes | memoryview) -> bytes:
