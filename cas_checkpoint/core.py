@@ -32,7 +32,7 @@ from .refs import append as log_append
 from .repack import RepackReport
 from .verify import verify as verify_step
 from .verify_report import Progress, VerifyReport
-from .warm import STATE_CACHE_BYTES, Known, Remembered
+from .warm import STATE_CACHE_BYTES, Known, Remembered, Threads
 
 log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
@@ -62,8 +62,11 @@ class Core:
             raise StorageError(f"cannot use cache_dir {folder!r}: {exc}") from exc
         self.refs = RefStore(backend, self.objects)
         self.types = types if isinstance(types, TypeRegistry) else TypeRegistry(types)
-        self._known: dict[str, Ref] = {}  # last ref this store wrote or loaded, per thread
-        self._have: dict[str, Known] = {}  # objects known held by that thread's lineage
+        # per thread (bounded): the last ref this store object wrote or loaded (``_known``),
+        # and the objects known held by that thread's lineage (``_have``); read directly,
+        # changed through ``_threads``
+        self._threads = Threads()
+        self._known, self._have = self._threads.refs, self._threads.have
         self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
         self._memo_lock = threading.Lock()
         self._warm = Remembered(self.objects.shared)  # states, newest heads (warm.py)
@@ -137,7 +140,7 @@ class Core:
 
         # (The known-objects set stays in place while this save runs: concurrent saves on one
         # thread, from tasks or threads, each skip what the lineage is known to hold.)
-        self._known.pop(thread_id, None)
+        self._threads.forget(thread_id, ref_only=True)
         ref = yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]
@@ -146,10 +149,9 @@ class Core:
         if ref is not None and ref.head.head == entry.id:  # (not one that held it already)
             self._warm.newest(thread_id, ref.head, saved["record"])
         if ref is not None and ref.head.lineage == saved["lineage"]:
-            self._known[thread_id] = ref
             have = saved["skip"] or Known(saved["lineage"])
             have.ids.update(saved["new"])  # every node not known before; the rest already were
-            self._have[thread_id] = have
+            self._threads.remember(thread_id, ref, have)
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
         return info_of(entry, thread_id)
@@ -223,8 +225,7 @@ class Core:
                             exc)
         cp = self.decode(view, cid, thread_id, newest=cid == head.head)
         if cid == head.head:  # a save that follows this load need not write what it holds
-            self._known[thread_id] = ref
-            self._have[thread_id] = Known(head.lineage, view)
+            self._threads.remember(thread_id, ref, Known(head.lineage, view))
         return cp
 
     def load_many(self, thread_id: str, cids: Iterable[CheckpointId]
@@ -401,9 +402,8 @@ class Core:
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
-            self._known[new_thread_id] = ref
-            self._have[new_thread_id] = Known(ref.head.lineage,
-                                               (yield from self.objects.view(ref.head)))
+            self._threads.remember(new_thread_id, ref, Known(
+                ref.head.lineage, (yield from self.objects.view(ref.head))))
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return info_of(by_id[cid], new_thread_id)
 
@@ -450,14 +450,13 @@ class Core:
     def forget(self, thread_id: str) -> None:
         """Drop what this store object remembers of a thread's ref (before a module outside
         this one, such as an import, changes the ref)."""
-        self._known.pop(thread_id, None)
-        self._have.pop(thread_id, None)
+        self._threads.forget(thread_id)
         self._warm.forget(thread_id)
 
     def _edit(self, thread_id: str, change: Change,
               expected_head: CheckpointId | None = UNSET) -> Step[None]:
         """A history edit of an existing thread, by compare-and-swap."""
-        self._known.pop(thread_id, None)
+        self._threads.forget(thread_id, ref_only=True)
         current = yield from self.ref(thread_id)
         yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                     current=current)
@@ -530,7 +529,7 @@ class Core:
                                         older_than=older_than, keep_labeled=keep_labeled,
                                         dry_run=dry_run, keep_tags=keep_tags)
         for t in report.threads:
-            self._known.pop(t, None)
+            self._threads.forget(t, ref_only=True)
         if report.removed:
             log.info("prune %s", report.to_text().replace("\n", "; "))
         return report
@@ -542,8 +541,7 @@ class Core:
                                              dry_run=dry_run)
         for t in report.threads:
             if t.repacked:
-                self._known.pop(t.thread_id, None)
-                self._have.pop(t.thread_id, None)
+                self._threads.forget(t.thread_id)
         log.info("%s", report.to_text())
         return report
 

@@ -26,10 +26,12 @@ from . import codec
 from .codec import TypeRegistry
 from .objects import Head, ObjectId, Record
 from .objstore import View
+from .refs import Ref
 from .shared import Shared
 
 STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
 THREADS_KEPT = 4096  # threads whose newest head and record are remembered
+VIEWS_KEPT = 64  # threads whose loaded view (its packs' bytes) a ``Known`` keeps (see shed)
 
 
 class Known:
@@ -44,9 +46,63 @@ class Known:
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
         rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)
-        if rest and self.view is not None:
-            rest = self.view.lacks(rest)
+        view = self.view  # (``shed`` may drop it meanwhile, from another thread)
+        if rest and view is not None:
+            rest = view.lacks(rest)
         return {k: nodes[k] for k in rest}
+
+    def shed(self) -> None:
+        """Let go of the view (the bytes of the thread's packs), keeping as known the ids
+        its head holds that were checked already (its inline objects and what a load or a
+        save hashed in its packs): a later save still skips the state it loaded, and writes
+        again anything else (never less than it must)."""
+        view = self.view
+        if view is None:
+            return
+        try:
+            held = set(view.inline).union(*(p.verified for p in view.packs))
+        except RuntimeError:  # (a set another thread's read grew meanwhile: keep nothing)
+            held = set()
+        self.ids = self.ids | held  # a new set: a save reading the old one is not disturbed
+        self.view = None
+
+
+class Threads:
+    """Per thread, the ref a store object last wrote or loaded (``refs``) and what its
+    lineage is known to hold (``have``), for at most ``THREADS_KEPT`` threads, the least
+    recently used forgotten first; only the newest ``VIEWS_KEPT`` keep their loaded view, the
+    others are ``shed``. Forgetting costs a later save of that thread reading its ref, or
+    writing its state's objects again (merges keep one copy), never correctness."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.refs: OrderedDict[str, Ref] = OrderedDict()
+        self.have: OrderedDict[str, Known] = OrderedDict()
+        self._viewed: OrderedDict[str, Known] = OrderedDict()
+
+    def remember(self, thread_id: str, ref: Ref, have: Known | None = None) -> None:
+        with self._lock:
+            self.refs[thread_id] = ref
+            self.refs.move_to_end(thread_id)
+            if have is not None:
+                self.have[thread_id] = have
+                self.have.move_to_end(thread_id)
+                if have.view is not None:
+                    self._viewed[thread_id] = have
+                    self._viewed.move_to_end(thread_id)
+            while len(self.refs) > THREADS_KEPT:
+                self.refs.popitem(last=False)
+            while len(self.have) > THREADS_KEPT:
+                self._viewed.pop(self.have.popitem(last=False)[0], None)
+            while len(self._viewed) > VIEWS_KEPT:
+                self._viewed.popitem(last=False)[1].shed()
+
+    def forget(self, thread_id: str, ref_only: bool = False) -> None:
+        with self._lock:
+            self.refs.pop(thread_id, None)
+            if not ref_only:
+                self.have.pop(thread_id, None)
+                self._viewed.pop(thread_id, None)
 
 
 class Remembered:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, IntegrityError
+from cas_checkpoint import CheckpointStore, IntegrityError, tree
 from cas_checkpoint.objstore import ObjectStore
 
 
@@ -133,3 +133,53 @@ def test_a_damaged_ref_after_a_cold_load_is_not_served_from_memory(tmp_path: Pat
     _damage_ref(tmp_path / "s")
     with pytest.raises(IntegrityError):
         reader.load("t")
+
+
+# --- what a store object remembers per thread is bounded ---
+
+
+def test_per_thread_memories_are_bounded_and_old_views_let_go_of_their_packs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived process that touches many threads keeps at most ``THREADS_KEPT`` threads'
+    refs and known objects, and the loaded views (the bytes of a thread's packs) of only the
+    newest ``VIEWS_KEPT``. A thread whose view was let go still skips writing the state it
+    loaded; one forgotten altogether still saves and loads right (it writes more, never
+    less)."""
+    from cas_checkpoint import warm
+
+    monkeypatch.setattr(warm, "THREADS_KEPT", 12)
+    monkeypatch.setattr(warm, "VIEWS_KEPT", 3)
+    root = str(tmp_path / "s")
+    writer = CheckpointStore.open(root)
+    states = {f"t{i}": {"messages": [{"i": i, "n": j, "text": "w" * 300} for j in range(150)]}
+              for i in range(20)}
+    for name, state in states.items():
+        writer.save(name, state)
+    reader = CheckpointStore.open(root)
+    for name in states:
+        assert reader.load(name).state == states[name]
+    core = reader._core
+    assert len(core._known) == 12 and len(core._have) == 12
+    assert list(core._have) == [f"t{i}" for i in range(8, 20)]  # the least recent went first
+    viewed = [t for t, k in core._have.items() if k.view is not None]
+    assert viewed == ["t17", "t18", "t19"]
+    asked: list[int] = []
+    missing = warm.Known.missing
+
+    def counting(self: warm.Known, nodes: dict[str, bytes]) -> dict[str, bytes]:
+        got = missing(self, nodes)
+        asked.append(len(got))
+        return got
+
+    monkeypatch.setattr(warm.Known, "missing", counting)
+    shed = states["t9"]  # loaded, its view let go: the ids its load checked are kept
+    assert core._have["t9"].view is None and core._have["t9"].ids
+    shed["messages"].append({"i": 9, "n": 150, "text": "new"})
+    reader.save("t9", shed)
+    nodes = len(tree.build(shed).objects)
+    assert asked and asked[-1] <= 6 < nodes, (asked, nodes)  # the new leaf and what is above
+    gone = states["t0"]  # forgotten: its save writes its state's objects again
+    gone["messages"].append({"i": 0, "n": 150, "text": "new"})
+    reader.save("t0", gone)
+    for name in ("t9", "t0"):
+        assert CheckpointStore.open(root).load(name).state == states[name]
