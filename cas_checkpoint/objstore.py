@@ -60,6 +60,12 @@ class PrefixMismatch(Exception):
     """Internal: a pack holds an object of the wanted id's prefix, not of the wanted id."""
 
 
+def _held(pack: Pack) -> int:
+    """The bytes a cached pack holds in memory: its plain body (a compressed pack's is bigger
+    than the stored pack, by its compression ratio), or the stored bytes."""
+    return max(pack.size, pack.data.nbytes)
+
+
 @dataclass(slots=True)
 class Pack:
     """A pack read (and hashed as a whole) from storage: its index by id prefix; each object is
@@ -366,10 +372,10 @@ class ObjectStore:
                 self._cache.move_to_end(pack.id)
                 return
             self._cache[pack.id] = pack
-            self._cache_bytes += pack.size
+            self._cache_bytes += _held(pack)
             while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= old.size
+                self._cache_bytes -= _held(old)
 
     def _cached(self, pid: str) -> Pack | None:
         with self._lock:
@@ -384,7 +390,7 @@ class ObjectStore:
             for pid in pids:
                 pack = self._cache.pop(pid, None)
                 if pack is not None:
-                    self._cache_bytes -= pack.size
+                    self._cache_bytes -= _held(pack)
 
     def _disk_path(self, pid: str) -> str:
         assert self.cache_dir is not None

@@ -183,3 +183,21 @@ def test_per_thread_memories_are_bounded_and_old_views_let_go_of_their_packs(
     reader.save("t0", gone)
     for name in ("t9", "t0"):
         assert CheckpointStore.open(root).load(name).state == states[name]
+
+
+def test_the_pack_cache_counts_the_bytes_it_holds_not_the_stored_ones(tmp_path: Path) -> None:
+    """A compressed pack is held in memory decompressed: the LRU bound (``cache_bytes``)
+    counts those bytes, so a store of very compressible states cannot hold many times its
+    bound (it held every pack before: their stored sizes were ~40x smaller)."""
+    root = str(tmp_path / "s")
+    writer = CheckpointStore.open(root)
+    for i in range(40):
+        writer.save(f"t{i}", {"messages": [{"i": i, "n": j, "text": "z" * 400}
+                                           for j in range(200)]})
+    reader = CheckpointStore.open(root, cache_bytes=1 << 20)
+    for i in range(40):
+        assert reader.load(f"t{i}").state["messages"][-1]["n"] == 199
+    cached = list(reader._core.objects._cache.values())
+    held = [max(p.size, p.data.nbytes) for p in cached]
+    assert sum(p.size for p in cached) < sum(held) // 10  # (the stored packs are small)
+    assert sum(held) <= (1 << 20) + max(held), (len(cached), sum(held))
