@@ -80,16 +80,17 @@ class Threads:
         self.have: OrderedDict[str, Known] = OrderedDict()
         self._viewed: OrderedDict[str, Known] = OrderedDict()
 
-    def remember(self, thread_id: str, ref: Ref, have: Known | None = None) -> None:
+    def remember(self, thread_id: str, ref: Ref, have: Known) -> None:
         with self._lock:
             self.refs[thread_id] = ref
             self.refs.move_to_end(thread_id)
-            if have is not None:
-                self.have[thread_id] = have
-                self.have.move_to_end(thread_id)
-                if have.view is not None:
-                    self._viewed[thread_id] = have
-                    self._viewed.move_to_end(thread_id)
+            self.have[thread_id] = have
+            self.have.move_to_end(thread_id)
+            if have.view is not None:
+                self._viewed[thread_id] = have
+                self._viewed.move_to_end(thread_id)
+            else:  # (a Known replaced by one without a view: the old one is not kept alive)
+                self._viewed.pop(thread_id, None)
             while len(self.refs) > THREADS_KEPT:
                 self.refs.popitem(last=False)
             while len(self.have) > THREADS_KEPT:

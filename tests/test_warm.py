@@ -201,3 +201,58 @@ def test_the_pack_cache_counts_the_bytes_it_holds_not_the_stored_ones(tmp_path: 
     held = [max(p.size, p.data.nbytes) for p in cached]
     assert sum(p.size for p in cached) < sum(held) // 10  # (the stored packs are small)
     assert sum(held) <= (1 << 20) + max(held), (len(cached), sum(held))
+
+
+def test_bounded_memories_under_threads_that_save_and_load_many_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python threads sharing one store object save and load more store threads than it keeps
+    (views let go and threads forgotten while other saves use them): every save lands, no ref
+    names a missing object (a deep verify of a new store object finds nothing), and each
+    thread's head holds the state its last save gave."""
+    import random
+    import threading
+
+    from cas_checkpoint import warm
+
+    monkeypatch.setattr(warm, "THREADS_KEPT", 5)
+    monkeypatch.setattr(warm, "VIEWS_KEPT", 2)
+    root = str(tmp_path / "s")
+    CheckpointStore.open(root).save("warm", {"x": 1})
+    store = CheckpointStore.open(root)
+    last: dict[str, int] = {}
+    locks = {f"t{i}": threading.Lock() for i in range(12)}
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for step in range(40):
+                name = f"t{rng.randrange(12)}"
+                with locks[name]:  # one writer per store thread: its last save is known
+                    try:
+                        messages = store.load(name).state["messages"]
+                    except Exception:  # (a thread not saved yet)
+                        messages = []
+                    messages.append({"by": seed, "step": step, "text": "q" * 300})
+                    store.save(name, {"messages": messages})
+                    last[name] = len(messages)
+                CheckpointStore.open(root).load(name)  # a reader beside the writers
+                other = f"t{rng.randrange(12)}"
+                if other in last:  # a load of another thread beside its writer
+                    store.load(other)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    assert len(store._core._have) <= 5
+    assert sum(k.view is not None for k in store._core._have.values()) <= 2
+    fresh = CheckpointStore.open(root)
+    report = fresh.verify()
+    assert report.ok, report.to_text()
+    for name, count in last.items():
+        assert len(fresh.load(name).state["messages"]) == count
