@@ -120,13 +120,18 @@ fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.pwrite(fd, b"pid holder-%d" % os.getpid(), 0)
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+if sys.argv[2] == "stdin":
+    sys.stdin.readline()  # held until the test says so
+else:
+    time.sleep(float(sys.argv[2]))
 """
 
 
-def _hold_lock(path: str, seconds: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, path, str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
+def _hold_lock(path: str, seconds: float | None) -> subprocess.Popen[str]:
+    """A process that holds ``path``'s lock for ``seconds``, or (None) until a line on its stdin."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, path,
+                             "stdin" if seconds is None else str(seconds)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -154,8 +159,9 @@ def test_a_save_that_waited_for_the_lock_survives_a_gc_meanwhile(tmp_path: Any) 
     root = str(tmp_path / "s")
     store = CheckpointStore.open(root)
     store.save("t", {"a": 1})
+    before = set(_pack_files(root))
     lock = os.path.join(root, *thread_key("t").split("/")) + ".lock"
-    holder = _hold_lock(lock, 2.5)
+    holder = _hold_lock(lock, None)  # held until the gc below has run: no race with the clock
     state = _big(300)  # too big for the ref: one pack, written before the lock wait
     done: dict[str, Any] = {}
 
@@ -164,11 +170,26 @@ def test_a_save_that_waited_for_the_lock_survives_a_gc_meanwhile(tmp_path: Any) 
 
     saver = threading.Thread(target=save)
     saver.start()
-    time.sleep(1.5)  # the save's pack is written and waits for the ref
-    report = CheckpointStore.open(root).gc(grace=timedelta(seconds=0.5))
-    assert report.deleted_objects >= 1  # it took the waiting save's pack
-    saver.join()
-    holder.wait()
+    try:
+        deadline = time.monotonic() + 60
+        while not (new := set(_pack_files(root)) - before):  # the save's pack is written ...
+            assert time.monotonic() < deadline, "the save wrote no pack"
+            time.sleep(0.02)
+        grace = 0.5
+        (pack,) = new
+        while time.time() - os.stat(pack).st_mtime < grace + 0.2:  # ... and older than the grace
+            time.sleep(0.05)
+        assert saver.is_alive() and "info" not in done  # still waiting for the lock
+        report = CheckpointStore.open(root).gc(grace=timedelta(seconds=grace))
+        assert report.deleted_objects >= 1  # it took the waiting save's pack
+        assert not os.path.exists(pack)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.close()
+        holder.wait()
+        saver.join()
+    assert "info" in done  # the save waited longer than REFRESH_WAIT, so it put its pack again
     assert CheckpointStore.open(root).load("t").state == state  # rewritten after the wait
 
 
