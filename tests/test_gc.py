@@ -122,9 +122,9 @@ def test_prune_head_kept_after_rewind(store: CheckpointStore) -> None:
 
 def test_prune_older_than(store: CheckpointStore) -> None:
     old = [store.save("t", state(i)).id for i in range(3)]
-    time.sleep(0.6)
+    time.sleep(1.6)  # the old ones are older than 1.5 s; the new ones have 1.5 s to be saved
     new = [store.save("t", state(i)).id for i in range(3, 5)]
-    report = store.prune("t", older_than=timedelta(seconds=0.5))
+    report = store.prune("t", older_than=timedelta(seconds=1.5))
     assert [c.id for c in store.history("t")] == new[::-1]
     assert report.threads["t"].removed == tuple(old)
     # with keep_last as well, a checkpoint is kept if any rule keeps it
