@@ -376,6 +376,26 @@ def test_unreachable_and_bad_urls(tmp_path: Any, moto_server: dict[str, Any]) ->
         CheckpointStore.open("s3://cas-test/x", storage_options=dead).threads()
 
 
+def test_a_store_at_the_root_of_memory_works() -> None:
+    """``memory://`` (the whole in-memory filesystem) is a store like ``memory://name``: its
+    keys were once written under ``//`` and read back under ``/``, so the first save failed."""
+    import uuid
+
+    tid = "root-" + uuid.uuid4().hex
+    big = {"a": list(range(50_000))}  # a pack, not only a ref
+    for url in ("memory://", "memory:///"):
+        store = CheckpointStore.open(url)
+        store.save(tid, {"a": 1})
+        store.save(tid, big)
+        again = CheckpointStore.open(url)
+        assert again.load(tid).state == big and tid in again.threads()
+        assert again.verify(deep=True).ok
+        assert again.gc().deleted_objects == 0
+    named = CheckpointStore.open("memory://" + tid)
+    named.save("n", {"b": 2})
+    assert "n" not in CheckpointStore.open("memory://").threads()  # another store's refs
+
+
 def test_store_from_fs_object(tmp_path: Any) -> None:
     import fsspec
 

@@ -32,10 +32,11 @@ class MemoryBackend(Backend):
         self.fs = fs
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
+        self._prefix = self.root.rstrip("/") + "/"  # "/" for the whole memory:// filesystem
         self.shared = shared.for_store(fs, self.root)
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{key}"
+        return self._prefix + key
 
     def get(self, key: str) -> bytes:
         try:
@@ -131,7 +132,7 @@ class MemoryBackend(Backend):
                 f = self.fs.store.get(path)
                 when = getattr(f, "modified", None) or info.get("created")
                 mtime = when.timestamp() if isinstance(when, datetime) else time.time()
-                out.append(ObjectInfo(path[len(self.root) + 1:], int(info.get("size") or 0),
+                out.append(ObjectInfo(path[len(self._prefix):], int(info.get("size") or 0),
                                       mtime))
         return out
 
