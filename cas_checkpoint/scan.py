@@ -8,7 +8,6 @@ from itertools import compress
 from typing import Any
 from zlib import crc32
 
-import fastcdc
 import msgpack
 
 SCAN_DIRECT = 1 << 20  # encodings up to this size are walked in memory, bigger ones read along
@@ -99,6 +98,8 @@ def text_cuts(data: bytes | memoryview, utf8: bool) -> list[int]:
     compiled chunker: ~2 GB/s), each moved forward to a UTF-8 character start for text."""
     if len(data) <= TEXT_MIN:
         return [len(data)] if data else []
+    import fastcdc  # here, not at import: the package imports click (~5 ms a process)
+
     cuts: list[int] = []
     for chunk in fastcdc.fastcdc(data, TEXT_MIN, 1 << TEXT_AVG_BITS, TEXT_MAX):
         cut = chunk.offset + chunk.length

@@ -100,3 +100,25 @@ def test_key_api() -> None:
     assert {"generate", "from_env", "from_file", "from_text", "to_text", "id"} <= set(dir(Key))
     assert list(inspect.signature(Key).parameters) == ["secret"]
     assert list(inspect.signature(Key.from_env).parameters) == ["name"]
+
+
+def test_importing_the_package_imports_no_optional_heavy_module() -> None:
+    """``import cas_checkpoint`` (every process that saves a checkpoint pays it) leaves out what
+    only some stores or values need: S3's client, LangGraph, zstd (compressed packs), FastCDC
+    (long str/bytes; its package imports click) and click itself. A save and a load of a plain
+    local store import none of them either. In a subprocess: this test process has them all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tempfile\n"
+        "import cas_checkpoint\n"
+        "s = cas_checkpoint.CheckpointStore.open(tempfile.mkdtemp(), compression='none')\n"
+        "s.save('t', {'m': ['x' * 300] * 40})\n"
+        "assert cas_checkpoint.CheckpointStore.open(s.url).load('t').state['m'][0] == 'x' * 300\n"
+        "heavy = ('s3fs', 'botocore', 'aiobotocore', 'langgraph', 'zstandard', 'fastcdc',\n"
+        "         'click')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
