@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import CheckpointStore, tree
+from cas_checkpoint import CheckpointStore, tree, treeindex
 from cas_checkpoint.objects import decode_node
 from cas_checkpoint.scan import LEAF_MAX_ITEMS
 from cas_checkpoint.shapes import COUNTED
@@ -89,7 +89,7 @@ def test_append_and_middle_edit_write_few_nodes(monkeypatch: pytest.MonkeyPatch,
     # O(log n), not the suffix: per level, the group holding the edit and perhaps a neighbour it
     # merges with or splits from, plus the spine and top. Over 60 random edits of each kind in
     # these 3,000 messages (~4,000 nodes) the median was 11-13 new nodes and the most 24.
-    bound = 4 * math.ceil(math.log(len(base.objects), tree.FANOUT)) + 4
+    bound = 4 * math.ceil(math.log(len(base.objects), treeindex.FANOUT)) + 4
     for other in (appended, edited, inserted):
         assert new_nodes(base, other) <= bound, (new_nodes(base, other), bound)
 
@@ -582,7 +582,7 @@ def test_an_append_hashes_and_groups_only_what_follows_the_unchanged_part(
     memo = tree.Memo()
     tree.build({"messages": items}, memo=memo)
     counts = {"closes": 0, "hashed": 0}
-    closing, object_id = tree._closing, tree.object_id
+    closing, object_id = treeindex._closing, tree.object_id
 
     def counting_closes(level: Any, first: int, depth: int) -> list[bool]:
         got = closing(level, first, depth)
@@ -593,11 +593,12 @@ def test_an_append_hashes_and_groups_only_what_follows_the_unchanged_part(
         counts["hashed"] += 1
         return object_id(data)
 
-    monkeypatch.setattr(tree, "_closing", counting_closes)
-    monkeypatch.setattr(tree, "object_id", counting_id)
+    monkeypatch.setattr(treeindex, "_closing", counting_closes)
+    monkeypatch.setattr(tree, "object_id", counting_id)  # (leaves, and index nodes below)
+    monkeypatch.setattr(treeindex, "object_id", counting_id)
     items.append(message(5000))
     got = tree.build({"messages": items}, memo=memo)
-    assert counts["closes"] <= 4 * tree.INDEX_MAX and counts["hashed"] <= 12, counts
+    assert counts["closes"] <= 4 * treeindex.INDEX_MAX and counts["hashed"] <= 12, counts
     monkeypatch.undo()
     assert got.objects == tree.build({"messages": items}).objects
 
