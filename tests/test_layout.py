@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from cas_checkpoint import CheckpointStore, FormatError, packing
 from cas_checkpoint.objects import Head, ObjectId, PackRef, object_id
@@ -266,6 +268,24 @@ def test_only_hex_hashed_keys_name_long_threads() -> None:
     assert is_hashed_key(good) and is_thread_key(good)
     bad = good[:-1] + "z"  # base32 cannot spell "h-": no thread's key at all
     assert not is_hashed_key(bad) and not is_thread_key(bad)
+
+
+@given(hs.text(min_size=1, max_size=80) | hs.binary(min_size=1, max_size=120).map(
+    lambda b: b.decode("latin-1")))
+@settings(max_examples=300, deadline=None)
+def test_a_short_thread_key_is_the_base32_of_its_id(thread_id: str) -> None:
+    """Keys are stored names: the hand-made base32 spells every id as ``base64.b32encode``
+    always did (lower case, no padding), and the key reads back as the id."""
+    import base64
+
+    from cas_checkpoint.refs import SHORT_KEY_BYTES, thread_from_key
+
+    raw = thread_id.encode("utf-8")  # (hypothesis's text has no lone surrogates)
+    if len(raw) > SHORT_KEY_BYTES:
+        return  # a hashed key (tested above)
+    want = "refs/heads/" + base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+    assert thread_key(thread_id) == want
+    assert thread_from_key(want) == thread_id
 
 
 def test_a_prefix_collision_inside_one_pack_finds_both_objects() -> None:
