@@ -17,7 +17,6 @@ carrying the result in ``landed(exc)``: the caller can always tell whether its s
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -178,6 +177,8 @@ class Sleep(Op):
         time.sleep(self.seconds)
 
     async def run(self, backend: Backend) -> None:
+        import asyncio
+
         await asyncio.sleep(self.seconds)
 
 
@@ -248,6 +249,8 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
     module docstring for what cancellation does). With ``offload``, the step's work before its
     first request (a save's encoding and hashing) runs on the backend's thread pool (none for
     memory://), so a large state does not hold the loop."""
+    import asyncio  # (here: a process that never awaits a store does not import asyncio)
+
     value: Any = None
     error: BaseException | None = None
     committing = False

@@ -105,8 +105,9 @@ def test_key_api() -> None:
 def test_importing_the_package_imports_no_optional_heavy_module() -> None:
     """``import cas_checkpoint`` (every process that saves a checkpoint pays it) leaves out what
     only some stores or values need: S3's client, LangGraph, zstd (compressed packs), FastCDC
-    (long str/bytes; its package imports click) and click itself. A save and a load of a plain
-    local store import none of them either. In a subprocess: this test process has them all."""
+    (long str/bytes; its package imports click), click itself, and asyncio (with ssl: ~10 ms;
+    only the async API needs it). A save, a load, a gc and a verify of a plain local store
+    import none of them either. In a subprocess: this test process has them all."""
     import subprocess
     import sys
 
@@ -116,8 +117,9 @@ def test_importing_the_package_imports_no_optional_heavy_module() -> None:
         "s = cas_checkpoint.CheckpointStore.open(tempfile.mkdtemp(), compression='none')\n"
         "s.save('t', {'m': ['x' * 300] * 40})\n"
         "assert cas_checkpoint.CheckpointStore.open(s.url).load('t').state['m'][0] == 'x' * 300\n"
+        "assert s.gc().deleted_objects == 0 and s.verify().ok\n"
         "heavy = ('s3fs', 'botocore', 'aiobotocore', 'langgraph', 'zstandard', 'fastcdc',\n"
-        "         'click')\n"
+        "         'click', 'asyncio', 'ssl')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,7 +14,6 @@ Each primitive has an awaitable twin (``aget_many``, ``awrite_ref``...) used by
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import threading
 from abc import ABC, abstractmethod
@@ -120,6 +119,8 @@ class Backend(ABC):
     async_threads = 8
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        import asyncio  # (here: a process that never awaits a store does not import asyncio)
+
         pool = self._pool
         if pool is None:
             with _POOL_LOCK:
