@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from .backends import Backend
 from .core import Core
 from .errors import InvalidArgumentError
-from .objects import Head, LogEntry, ObjectId, Record, decode_node
+from .heads import Head
+from .objects import LogEntry, ObjectId, Record, decode_node
 from .objstore import View
 from .ops import Op, Step, run
 from .receive import BundleReport, Checker, Header, Progress, Refs, receive

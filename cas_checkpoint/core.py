@@ -23,8 +23,9 @@ from . import repack as repackmod
 from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
+from .heads import Head
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import CheckpointId, Head, LogEntry, ObjectId, Record, hashed, inlinable, object_id
+from .objects import CheckpointId, LogEntry, ObjectId, Record, hashed, inlinable, object_id
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key

@@ -43,7 +43,8 @@ import blake3
 from . import marker
 from .backends import Backend, ObjectInfo
 from .errors import FormatError, IntegrityError, InvalidArgumentError
-from .objects import _HEADERS, MAX_HEAD_BYTES, PACK, VERSION, Head, ObjectId, PackRef
+from .heads import MAX_HEAD_BYTES, Head, PackRef
+from .objects import _HEADERS, PACK, VERSION, ObjectId
 from .ops import GetMany, List, PutMany, Step
 from .packfile import ENCRYPTED
 

@@ -41,7 +41,8 @@ from typing import Any
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .crypto import unwrap
 from .errors import InvalidArgumentError, StorageError
-from .objects import Head, ObjectId
+from .heads import Head
+from .objects import ObjectId
 from .objstore import PREFIX, key_pack_id
 from .ops import Blocking, DeleteMany, List, ListMany, PutMany, ReadRefs, Step, run
 from .refs import HEADS, is_thread_key

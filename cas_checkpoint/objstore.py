@@ -21,7 +21,8 @@ from typing import TypeVar
 from . import crypto, marker
 from .backends import Backend
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
-from .objects import Head, ObjectId, inline_id, object_id, object_ids
+from .heads import Head
+from .objects import ObjectId, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared

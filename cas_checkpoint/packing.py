@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
-from .objects import Head, ObjectId, PackRef, inline_id, object_id
+from .heads import Head, PackRef
+from .objects import ObjectId, inline_id, object_id
 from .packfile import Sealing, Zstd, encode_packs
 
 if TYPE_CHECKING:

@@ -52,13 +52,12 @@ from .errors import (
     IntegrityError,
     NotFoundError,
 )
+from .heads import Head, PackRef
 from .objects import (
     NODE,
     CheckpointId,
-    Head,
     LogEntry,
     ObjectId,
-    PackRef,
     Record,
     decode_node,
     object_id,

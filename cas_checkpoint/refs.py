@@ -39,7 +39,8 @@ from .errors import (
     InvalidArgumentError,
     StorageError,
 )
-from .objects import CheckpointId, Head, LogEntry, ObjectId, Peak, Segment, object_id
+from .heads import Head, Peak
+from .objects import CheckpointId, LogEntry, ObjectId, Segment, object_id
 from .objstore import NeedPacks, ObjectStore, Pack, View
 from .ops import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InvalidArgumentError, StorageError
-from .objects import Head, ObjectId, PackRef, Record, Segment, decode_node
+from .heads import Head, PackRef
+from .objects import ObjectId, Record, Segment, decode_node
 from .objstore import View
 from .ops import Step
 from .packing import make_pack

@@ -12,7 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import InvalidArgumentError
-from .objects import CheckpointId, Head, LogEntry, ObjectId
+from .heads import Head
+from .objects import CheckpointId, LogEntry, ObjectId
 from .ops import Step
 from .refs import LEAF, Ref, RefStore, build
 

@@ -28,8 +28,9 @@ from typing import Any
 from .core import Core
 from .diff import node_getter
 from .errors import FormatError, InvalidArgumentError
+from .heads import Head
 from .join import check_lengths
-from .objects import CheckpointId, Head, ObjectId, Record
+from .objects import CheckpointId, ObjectId, Record
 from .ops import Step
 from .shapes import BYTES, DICT, LIST, STR, TUPLE, VALUE
 from .walk import (

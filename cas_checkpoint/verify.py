@@ -39,7 +39,8 @@ from .errors import (
     NotFoundError,
     StorageError,
 )
-from .objects import Head, LogEntry, Record, Segment, object_id
+from .heads import Head
+from .objects import LogEntry, Record, Segment, object_id
 from .objstore import PREFIX, Pack, key_pack_id, pack_key, parse_pack
 from .ops import GetMany, List, ListMany, Step
 from .packfile import pack_prefix

@@ -24,7 +24,8 @@ from typing import Any
 
 from . import codec
 from .codec import TypeRegistry
-from .objects import Head, ObjectId, Record
+from .heads import Head
+from .objects import ObjectId, Record
 from .objstore import View
 from .refs import Ref
 from .shared import Shared

@@ -34,12 +34,12 @@ from cas_checkpoint.agents import (
 )
 from cas_checkpoint.aio import AsyncCheckpointStore
 from cas_checkpoint.errors import CasError, FormatError, SerializationError
+from cas_checkpoint.heads import Head
 from cas_checkpoint.objects import (
     KINDS,
     MAX_REASON,
     STATUSES,
     CheckpointId,
-    Head,
     LogEntry,
     ObjectId,
     Record,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore, FormatError, IntegrityError, packing
+from cas_checkpoint.heads import Head
 from cas_checkpoint.links import varint
 from cas_checkpoint.objects import (
     NODE,
-    Head,
     ObjectId,
     decode_node,
     decode_nodes,

@@ -28,8 +28,8 @@ if sys.argv[3] == "msgpack":
 else:  # ormsgpack tried first on inputs of any size (decoding.py)
     assert decoding.FAST_UNPACKB is not None
     decoding.FAST_MIN = 0
-from cas_checkpoint.objects import (Head, LogEntry, PackRef, Peak, Record, Segment, decode_node,
-                                    encode_node, object_id)
+from cas_checkpoint.objects import LogEntry, Record, Segment, decode_node, encode_node, object_id
+from cas_checkpoint.heads import Head, PackRef, Peak
 from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.objstore import parse_pack
 

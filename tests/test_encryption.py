@@ -31,8 +31,9 @@ from cas_checkpoint import (
 )
 from cas_checkpoint.aio import AsyncCheckpointStore
 from cas_checkpoint.crypto import BrokenSeal, Keyring, open_sealed_pack, seal_pack
+from cas_checkpoint.heads import Head
 from cas_checkpoint.marker import MARKER
-from cas_checkpoint.objects import NODE, Head, object_id, object_kind
+from cas_checkpoint.objects import NODE, object_id, object_kind
 from cas_checkpoint.objstore import key_pack_id, parse_pack
 from cas_checkpoint.packfile import ENCRYPTED, ZSTD, decode_pack, encode_pack
 from cas_checkpoint.refs import thread_key

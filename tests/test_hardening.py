@@ -25,7 +25,8 @@ from cas_checkpoint import (
     UnsafeStorageError,
 )
 from cas_checkpoint.backends import local as backend_mod
-from cas_checkpoint.objects import Head, LogEntry
+from cas_checkpoint.heads import Head
+from cas_checkpoint.objects import LogEntry
 from cas_checkpoint.refs import thread_key
 
 

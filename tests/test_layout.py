@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from cas_checkpoint import CheckpointStore, FormatError, packing
-from cas_checkpoint.objects import Head, ObjectId, PackRef, object_id
+from cas_checkpoint.heads import Head, PackRef
+from cas_checkpoint.objects import ObjectId, object_id
 from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.refs import thread_key
 

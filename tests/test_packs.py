@@ -23,11 +23,11 @@ from cas_checkpoint import (
     NotFoundError,
     packing,
 )
+from cas_checkpoint.heads import Head
 from cas_checkpoint.objects import (
     NODE,
     RECORD,
     SEGMENT,
-    Head,
     ObjectId,
     Record,
     object_id,

@@ -13,7 +13,7 @@ import pytest
 from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
 from cas_checkpoint import objstore as objstore_mod
 from cas_checkpoint import tree as tree_mod
-from cas_checkpoint.objects import Head
+from cas_checkpoint.heads import Head
 from cas_checkpoint.objstore import ObjectStore, pack_key
 
 

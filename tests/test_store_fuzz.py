@@ -18,17 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cas_checkpoint import CasError, CheckpointStore
-from cas_checkpoint.objects import (
-    Head,
-    LogEntry,
-    ObjectId,
-    PackRef,
-    Peak,
-    Record,
-    Segment,
-    encode_node,
-    object_id,
-)
+from cas_checkpoint.heads import Head, PackRef, Peak
+from cas_checkpoint.objects import LogEntry, ObjectId, Record, Segment, encode_node, object_id
 from cas_checkpoint.objstore import pack_key
 from cas_checkpoint.packfile import decode_pack
 from cas_checkpoint.packing import make_pack

@@ -16,17 +16,8 @@ import pytest
 
 from cas_checkpoint import CasError, CheckpointStore, IntegrityError, StorageError, codec, tree
 from cas_checkpoint.cli import main
-from cas_checkpoint.objects import (
-    Head,
-    LogEntry,
-    ObjectId,
-    PackRef,
-    Peak,
-    Record,
-    decode_node,
-    encode_node,
-    object_id,
-)
+from cas_checkpoint.heads import Head, PackRef, Peak
+from cas_checkpoint.objects import LogEntry, ObjectId, Record, decode_node, encode_node, object_id
 from cas_checkpoint.objstore import key_pack_id, pack_key
 from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.packing import make_pack

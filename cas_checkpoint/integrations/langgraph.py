@@ -59,8 +59,9 @@ from ..backends import Backend, open_backend_async
 from ..codec import TypeRegistry
 from ..core import Core
 from ..errors import ConflictError, InvalidArgumentError, NotFoundError
+from ..heads import Head
 from ..model import CheckpointInfo
-from ..objects import CheckpointId, Head
+from ..objects import CheckpointId
 from ..ops import Step, arun, run
 from ..store import CheckpointStore
 
