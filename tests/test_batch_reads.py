@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _hostile import plant_lying_pack
 
-from cas_checkpoint import CheckpointStore, FormatError, IntegrityError, packing
-from cas_checkpoint.heads import Head
+from cas_checkpoint import CheckpointStore, FormatError, IntegrityError
 from cas_checkpoint.links import varint
 from cas_checkpoint.objects import (
     NODE,
-    ObjectId,
     decode_node,
     decode_nodes,
     encode_node,
@@ -21,8 +20,6 @@ from cas_checkpoint.objects import (
     object_ids,
     object_kind,
 )
-from cas_checkpoint.objstore import pack_key
-from cas_checkpoint.refs import thread_key
 from cas_checkpoint.shapes import COUNTED, LIST, concat_lengths
 
 
@@ -46,14 +43,7 @@ def _hostile(tmp_path: Any) -> tuple[CheckpointStore, str, bytes]:
     leaves = _leaves(objects)
     assert len(leaves) > 50  # a level of many nodes (71: one 16 KB region, small ones): one batch
     target, liar = leaves[len(leaves) // 2], objects[leaves[0]]
-    lying = dict(objects)
-    lying[target] = liar
-    pref, data = packing.make_pack({ObjectId(k): v for k, v in lying.items()}, 0)
-    assert pref.id == object_id(data)  # the pack itself is intact
-    store.backend.put_many({pack_key(pref.id): data})
-    h = ref.head
-    hostile = Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pref,), (), h.lineage)
-    store.backend.write_ref(thread_key("t"), hostile.encode(), ref.version)
+    plant_lying_pack(store, "t", ref, objects, target, liar)
     return store, target, liar
 
 

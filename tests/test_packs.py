@@ -13,6 +13,7 @@ from typing import Any
 
 import pydantic
 import pytest
+from _hostile import plant_lying_pack
 from conftest import open_store
 from test_codec import EXAMPLES, REG, Color, Frozen, Level, Point, same
 
@@ -24,15 +25,7 @@ from cas_checkpoint import (
     packing,
 )
 from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import (
-    NODE,
-    RECORD,
-    SEGMENT,
-    ObjectId,
-    Record,
-    object_id,
-    object_kind,
-)
+from cas_checkpoint.objects import NODE, RECORD, SEGMENT, Record, object_id, object_kind
 from cas_checkpoint.objstore import key_pack_id, pack_key
 from cas_checkpoint.packfile import read_pack_index
 from cas_checkpoint.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
@@ -220,14 +213,7 @@ def test_a_pack_whose_index_lies_is_an_integrity_error_naming_the_object(
     others = sorted((object_kind(d) != victim, o) for o in objects if o != target
                     for d in [objects[o]])
     liar = objects[others[0][1]]  # another object, of the same kind when there is one
-    lying = dict(objects)
-    lying[target] = liar  # the index names target (by its id prefix) at another object's bytes
-    pref, data = packing.make_pack({ObjectId(k): v for k, v in lying.items()}, 0)
-    assert pref.id == object_id(data)  # the pack itself is intact
-    store.backend.put_many({pack_key(pref.id): data})
-    h = ref.head
-    hostile = Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pref,), (), h.lineage)
-    store.backend.write_ref(thread_key("t"), hostile.encode(), ref.version)
+    pref = plant_lying_pack(store, "t", ref, objects, target, liar)
     fresh = CheckpointStore.open(store.url)
     call = fresh.history if victim == SEGMENT else fresh.load
     with pytest.raises(IntegrityError) as err:

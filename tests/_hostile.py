@@ -1,0 +1,25 @@
+"""Hostile stores for the tests: a thread whose only pack lies about one of its objects."""
+
+from __future__ import annotations
+
+from cas_checkpoint import CheckpointStore, packing
+from cas_checkpoint.heads import Head, PackRef
+from cas_checkpoint.objects import ObjectId, object_id
+from cas_checkpoint.objstore import pack_key
+from cas_checkpoint.refs import Ref, thread_key
+
+
+def plant_lying_pack(store: CheckpointStore, thread: str, ref: Ref,
+                     objects: dict[str, bytes], target: str, liar: bytes) -> PackRef:
+    """Make ``thread``'s head (``ref``) name one pack holding ``objects``, where the pack's
+    index names ``target`` (by its id) at the bytes ``liar``. The pack itself is intact: it
+    hashes to its name. Returns the pack."""
+    lying = dict(objects)
+    lying[target] = liar
+    pref, data = packing.make_pack({ObjectId(k): v for k, v in lying.items()}, 0)
+    assert pref.id == object_id(data)  # the pack itself is intact
+    store.backend.put_many({pack_key(pref.id): data})
+    h = ref.head
+    hostile = Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pref,), (), h.lineage)
+    store.backend.write_ref(thread_key(thread), hostile.encode(), ref.version)
+    return pref
