@@ -43,7 +43,7 @@ import blake3
 from . import marker
 from .backends import Backend, ObjectInfo
 from .errors import FormatError, IntegrityError, InvalidArgumentError
-from .heads import MAX_HEAD_BYTES, Head, PackRef
+from .heads import MAX_HEAD_BYTES, Head, PackRef, packs_of
 from .objects import _HEADERS, PACK, VERSION, ObjectId
 from .ops import GetMany, List, PutMany, Step
 from .packfile import ENCRYPTED
@@ -279,9 +279,9 @@ def open_sealed_pack(data: bytes | memoryview, ring: Keyring, path: str) -> byte
 
 
 def seal_head(plain: bytes, key: Key, ref_key: str) -> bytes:
-    head = Head.decode(plain, ref_key)
-    clear = bytearray(SEALED_HEAD + bytes.fromhex(key.id) + struct.pack(">I", len(head.packs)))
-    for p in head.packs:
+    packs = packs_of(plain, ref_key)
+    clear = bytearray(SEALED_HEAD + bytes.fromhex(key.id) + struct.pack(">I", len(packs)))
+    for p in packs:
         clear += bytes.fromhex(p.id) + struct.pack(">Q", p.size)
     return bytes(clear) + key.seal(_head_ad(ref_key, bytes(clear)), plain)
 

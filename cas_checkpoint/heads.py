@@ -110,7 +110,10 @@ class Head:
         body = b"".join((b"\x88", first[1:], b"\xa1e", _packed_entries(self.tail), b"\xa1k",
                          _list_header(len(self.packs)), *map(_packed_ref, self.packs),
                          last[1:]))
-        return _HEADERS[HEAD] + blake3.blake3(body).digest() + body
+        global _ENCODED
+        data = _HEADERS[HEAD] + blake3.blake3(body).digest() + body
+        _ENCODED = (data, self.packs)
+        return data
 
     @staticmethod
     def decode(data: bytes | memoryview, path: str = "ref") -> Head:
@@ -175,6 +178,20 @@ class Head:
             tuple(inline),
             lineage,
         )
+
+
+_ENCODED: tuple[bytes, tuple[PackRef, ...]] = (b"", ())  # the last head encoded, its packs
+
+
+def packs_of(data: bytes, path: str = "ref") -> tuple[PackRef, ...]:
+    """The packs a head's bytes name (an encrypted ref lists them in the clear). When ``data``
+    is the very bytes object this process's last ``Head.encode`` returned (kept alive in
+    ``_ENCODED``, so its identity is never another object's), they are that head's packs, and
+    nothing is decoded: a save seals the head it just encoded. Any other bytes are decoded."""
+    last = _ENCODED  # (one read: another thread may encode meanwhile)
+    if last[0] is data:
+        return last[1]
+    return Head.decode(data, path).packs
 
 
 def _count(v: object) -> bool:

@@ -515,3 +515,34 @@ def test_errors_are_cas_errors(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="encrypted"):
         decode_pack(data)
     assert issubclass(BrokenSeal, IntegrityError) and issubclass(IntegrityError, CasError)
+
+
+def test_sealing_a_head_lists_the_packs_of_exactly_those_bytes(monkeypatch: Any) -> None:
+    """A save seals the head it just encoded without decoding it again (its packs are known);
+    any other bytes, an older head's or an equal copy, are decoded: the clear pack list of a
+    sealed head is always that of the bytes sealed, never of the head encoded last."""
+    from cas_checkpoint import heads
+    from cas_checkpoint.crypto import _clear_part, seal_head
+
+    key = Key.generate()
+
+    def packs(n: int) -> tuple[heads.PackRef, ...]:
+        return tuple(heads.PackRef(object_id(bytes([n, i])), 0, 100 + i, 3) for i in range(n))
+
+    a = Head("t", None, packs=packs(2)).encode()
+    b = Head("t", None, packs=packs(3)).encode()
+    want_b = [(p.id, p.size) for p in packs(3)]
+    decoded: list[bytes] = []
+    real = heads.Head.decode
+
+    def counting(data: Any, path: str = "ref") -> Head:
+        decoded.append(bytes(data))
+        return real(data, path)
+
+    monkeypatch.setattr(heads.Head, "decode", staticmethod(counting))
+    assert _clear_part(seal_head(b, key, "refs/heads/x"), "x")[1] == want_b
+    assert decoded == []  # the head encoded last: its packs were known
+    assert _clear_part(seal_head(a, key, "refs/heads/x"), "x")[1] == [
+        (p.id, p.size) for p in packs(2)]  # an older head: decoded, its own packs
+    assert decoded == [a]
+    assert _clear_part(seal_head(bytes(bytearray(b)), key, "refs/heads/x"), "x")[1] == want_b
