@@ -123,6 +123,7 @@ class Core:
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
             saved["record"], saved["entry"] = record, (entry := record.entry(cid))
+            saved["base"] = head.head  # (the head it is appended to: see holds)
             segments: dict[ObjectId, bytes] = {}
             new_head = log_append(head, entry, segments)
             # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
@@ -137,7 +138,8 @@ class Core:
             return new_head, new
 
         def holds(ref: Ref) -> Step[bool]:
-            return (yield from self.refs.holds(ref.head, saved["entry"])) if saved else False
+            return ((yield from self.refs.holds(ref.head, saved["entry"], saved["base"]))
+                    if saved else False)
 
         # (The known-objects set stays in place while this save runs: concurrent saves on one
         # thread, from tasks or threads, each skip what the lineage is known to hold.)

@@ -305,13 +305,16 @@ class RefStore:
         head = build(base, entries, head_id, new)
         return head, (yield from self.missing(base, new))
 
-    def holds(self, head: Head, entry: LogEntry) -> Step[bool]:
+    def holds(self, head: Head, entry: LogEntry, base: CheckpointId | None = None
+              ) -> Step[bool]:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
-        parent (it would come after that)."""
+        parent or at ``base``, the head the entry was appended to (it would come before
+        either). Without them (an entry with no parents, on a new thread) the whole log is
+        read."""
         for seen in (yield from self.newest_first(head)):
             if seen.id == entry.id:
                 return True
-            if seen.id in entry.parents:
+            if seen.id == base or seen.id in entry.parents:
                 return False
         return False
 
