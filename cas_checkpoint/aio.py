@@ -152,10 +152,12 @@ class AsyncCheckpointStore:
         """Store ``state`` as the new head of ``thread_id`` (see ``CheckpointStore.save``).
         Many tasks may save to one thread at once: every save lands, each on the head before
         it (compare-and-swap)."""
-        return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
-                                               metadata=metadata, expected_head=expected_head,
-                                               status=status, kind=kind, reason=reason),
-                               offload=True)  # encoding and hashing off the loop
+        async with self._core.turns.ahold(thread_id):  # (this loop's saves to it take turns)
+            return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
+                                                   metadata=metadata,
+                                                   expected_head=expected_head, status=status,
+                                                   kind=kind, reason=reason),
+                                   offload=True)  # encoding and hashing off the loop
 
     # --- reading ---
 

@@ -31,6 +31,7 @@ from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
 from .repack import RepackReport
+from .serial import ThreadLocks
 from .verify import verify as verify_step
 from .verify_report import Progress, VerifyReport
 from .warm import STATE_CACHE_BYTES, Known, Remembered, Threads
@@ -71,6 +72,7 @@ class Core:
         self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
         self._memo_lock = threading.Lock()
         self._warm = Remembered(self.objects.shared)  # states, newest heads (warm.py)
+        self.turns = ThreadLocks()  # the sync faces' saves to one thread take turns (serial.py)
 
     @property
     def url(self) -> str:

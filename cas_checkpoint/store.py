@@ -179,9 +179,10 @@ class CheckpointStore:
         completed, failed, halted; ``reason`` says why for the last two) and ``kind``
         (automatic, manual, pre_operation, recovery) are stored with the checkpoint and its
         log entry: ``find``/``history`` filter on them without loading states."""
-        return self._run(self._core.save(thread_id, state, label=label, tags=tags,
-                                         metadata=metadata, expected_head=expected_head,
-                                         status=status, kind=kind, reason=reason))
+        with self._core.turns.hold(thread_id):  # (this process's saves to it take turns)
+            return self._run(self._core.save(thread_id, state, label=label, tags=tags,
+                                             metadata=metadata, expected_head=expected_head,
+                                             status=status, kind=kind, reason=reason))
 
     # --- reading ---
 

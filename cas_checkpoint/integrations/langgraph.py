@@ -527,11 +527,13 @@ class CasSaver(BaseCheckpointSaver[str]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        return self._run(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+        with self._core.turns.hold(_key(*_target(config))):  # (LangGraph calls from a pool)
+            return self._run(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
-        self._run(self._put_writes(config, writes, task_id, task_path))
+        with self._core.turns.hold(_key(*_target(config))):
+            self._run(self._put_writes(config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._run(self._get_tuple(config))  # type: ignore[no-any-return]
@@ -574,11 +576,13 @@ class CasSaver(BaseCheckpointSaver[str]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
-        return await self._arun(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+        async with self._core.turns.ahold(_key(*_target(config))):
+            return await self._arun(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await self._arun(self._put_writes(config, writes, task_id, task_path))
+        async with self._core.turns.ahold(_key(*_target(config))):
+            await self._arun(self._put_writes(config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._arun(self._get_tuple(config))  # type: ignore[no-any-return]
