@@ -49,7 +49,7 @@ from langchain_core.messages import HumanMessage  # noqa: E402
 from cas_checkpoint import CheckpointStore, Key  # noqa: E402
 
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
-    ("none", {}),
+    ("none", {"compression": "none"}),  # (the default is zstd)
     ("zstd", {"compression": "zstd"}),
     ("zstd + encryption", {"compression": "zstd"}),  # a key is added per run
 ]
