@@ -172,3 +172,37 @@ def test_a_lost_race_reads_the_log_only_down_to_the_head_it_built_on(tmp_path: P
     assert len(read) == 60
     landed = LogEntry(hist[1].id, (), 58, 0.0, 1)  # an entry above the base is found
     assert store._run(refs.holds(ref.head, landed, base))
+
+
+def test_a_new_savers_get_tuple_reads_the_log_once(tmp_path: Path) -> None:
+    """``get_tuple`` (and ``list``) of a new saver read a thread's entries once and find both
+    the checkpoint and its pending writes there: they read the whole log twice before."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    g = StateGraph(MessagesState)
+    g.add_node("say", lambda s: {"messages": [AIMessage(content=f"hi {len(s['messages'])}")]})
+    g.add_edge(START, "say")
+    url = str(tmp_path / "s")
+    graph = g.compile(checkpointer=CasSaver.from_url(url))
+    config: Any = {"configurable": {"thread_id": "t"}}
+    for _ in range(12):  # a log in segments, writes among the checkpoints
+        graph.invoke({"messages": [("user", "hello")]}, config)
+    saver = CasSaver.from_url(url)
+    calls: list[int | None] = []
+    real = saver._core.history
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        calls.append(kw.get("limit"))
+        return real(*args, **kw)
+
+    saver._core.history = counting  # type: ignore[method-assign]
+    got = saver.get_tuple(config)
+    assert got is not None and len(got.checkpoint["channel_values"]["messages"]) == 24
+    assert calls == [None]  # one read of the whole log
+    calls.clear()
+    assert len(list(saver.list(config, limit=3))) == 3
+    assert calls == [None]

@@ -259,9 +259,12 @@ class CasSaver(BaseCheckpointSaver[str]):
             return []
         return got
 
-    def _entries(self, name: str) -> Step[list[CheckpointInfo]]:
-        """LangGraph's checkpoints in a store thread (not its writes), newest first."""
-        return [e for e in (yield from self._all(name)) if "lg" in e.metadata]
+    def _entries(self, name: str, every: list[CheckpointInfo] | None = None
+                 ) -> Step[list[CheckpointInfo]]:
+        """LangGraph's checkpoints in a store thread (not its writes), newest first (of
+        ``every``, its entries as ``_all`` gives them, when the caller read them already)."""
+        return [e for e in (every if every is not None else (yield from self._all(name)))
+                if "lg" in e.metadata]
 
     def _find(self, name: str, lg: str) -> Step[CheckpointInfo | None]:
         """The entry of LangGraph checkpoint ``lg``: among the recent entries first (they are in
@@ -328,12 +331,13 @@ class CasSaver(BaseCheckpointSaver[str]):
         yield from self._core.save(_key(thread_id, ns), state,
                                    metadata={"w": cid, "task": task_id}, parents=())
 
-    def _writes(self, thread_id: str, ns: str, cids: set[str] | None
-                ) -> Step[dict[str, list[PendingWrite]]]:
+    def _writes(self, thread_id: str, ns: str, cids: set[str] | None,
+                every: list[CheckpointInfo] | None = None) -> Step[dict[str, list[PendingWrite]]]:
         """Pending writes per LangGraph checkpoint id (of ``cids``, or all), deduplicated as
-        LangGraph's savers do and in ``writes_sort_key`` order."""
+        LangGraph's savers do and in ``writes_sort_key`` order (found in ``every``, the
+        thread's entries, when the caller read them already: a long log is read once)."""
         name = _key(thread_id, ns)
-        entries = yield from self._all(name)
+        entries = every if every is not None else (yield from self._all(name))
         wanted = [e for e in reversed(entries)
                   if "w" in e.metadata and (cids is None or e.metadata["w"] in cids)]
         per: dict[str, dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
@@ -361,7 +365,8 @@ class CasSaver(BaseCheckpointSaver[str]):
     def _get_tuple(self, config: RunnableConfig) -> Step[CheckpointTuple | None]:
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
-        entries = yield from self._entries(_key(thread_id, ns))
+        every = yield from self._all(_key(thread_id, ns))
+        entries = yield from self._entries("", every)
         if cid is None:
             info = max(entries, key=lambda e: str(e.metadata.get("lg")), default=None)
         else:
@@ -369,7 +374,7 @@ class CasSaver(BaseCheckpointSaver[str]):
         if info is None:
             return None
         lg = str(info.metadata["lg"])
-        writes = yield from self._writes(thread_id, ns, {lg})
+        writes = yield from self._writes(thread_id, ns, {lg}, every)
         loaded = yield from self._core.load_many(_key(thread_id, ns), [info.id])
         return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []))
 
@@ -385,7 +390,8 @@ class CasSaver(BaseCheckpointSaver[str]):
         for _name, thread_id, ns in sorted(names, key=lambda n: (n[1], n[2])):
             if want_ns is not None and ns != want_ns:
                 continue
-            entries = yield from self._entries(_key(thread_id, ns))
+            every = yield from self._all(_key(thread_id, ns))
+            entries = yield from self._entries("", every)
             chosen: list[CheckpointInfo] = []
             for info in sorted(entries, key=lambda e: str(e.metadata.get("lg")), reverse=True):
                 lg = str(info.metadata.get("lg"))
@@ -400,7 +406,7 @@ class CasSaver(BaseCheckpointSaver[str]):
             if not chosen:
                 continue
             writes = yield from self._writes(thread_id, ns,
-                                             {str(i.metadata["lg"]) for i in chosen})
+                                             {str(i.metadata["lg"]) for i in chosen}, every)
             loaded = yield from self._core.load_many(_key(thread_id, ns), [i.id for i in chosen])
             out += [self._tuple(thread_id, ns, info, loaded[info.id].state,
                                 writes.get(str(info.metadata["lg"]), [])) for info in chosen]
@@ -487,8 +493,8 @@ class CasSaver(BaseCheckpointSaver[str]):
             return {}
         thread_id, ns = _target(config)
         name = _key(thread_id, ns)
-        entries = yield from self._entries(name)
-        by_lg = {str(e.metadata.get("lg")): e for e in entries}
+        every = yield from self._all(name)
+        by_lg = {str(e.metadata.get("lg")): e for e in (yield from self._entries(name, every))}
         cid = get_checkpoint_id(config) or (max(by_lg) if by_lg else None)
         target = by_lg.get(cid or "")
         collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
@@ -499,7 +505,7 @@ class CasSaver(BaseCheckpointSaver[str]):
         while cursor in by_lg and cursor not in chain:
             chain.append(cursor)
             cursor = by_lg[cursor].metadata.get("lgp")
-        writes = (yield from self._writes(thread_id, ns, set(chain))) if chain else {}
+        writes = (yield from self._writes(thread_id, ns, set(chain), every)) if chain else {}
         states: dict[CheckpointId, Any] = {}
         for n, lg in enumerate(chain):  # one walk up the parent chain, newest first
             if not remaining:
