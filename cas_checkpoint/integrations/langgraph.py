@@ -366,7 +366,7 @@ class CasSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
         every = yield from self._all(_key(thread_id, ns))
-        entries = yield from self._entries("", every)
+        entries = yield from self._entries(_key(thread_id, ns), every)
         if cid is None:
             info = max(entries, key=lambda e: str(e.metadata.get("lg")), default=None)
         else:
@@ -391,7 +391,7 @@ class CasSaver(BaseCheckpointSaver[str]):
             if want_ns is not None and ns != want_ns:
                 continue
             every = yield from self._all(_key(thread_id, ns))
-            entries = yield from self._entries("", every)
+            entries = yield from self._entries(_key(thread_id, ns), every)
             chosen: list[CheckpointInfo] = []
             for info in sorted(entries, key=lambda e: str(e.metadata.get("lg")), reverse=True):
                 lg = str(info.metadata.get("lg"))
