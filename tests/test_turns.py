@@ -206,3 +206,26 @@ def test_a_new_savers_get_tuple_reads_the_log_once(tmp_path: Path) -> None:
     calls.clear()
     assert len(list(saver.list(config, limit=3))) == 3
     assert calls == [None]
+
+
+def test_a_task_cancelled_while_waiting_its_turn_leaves_no_lock(tmp_path: Path) -> None:
+    """A save cancelled while it waits for its turn (a stalled writer holds it) does not land,
+    leaves no lock behind, and the saves after it still run."""
+    async def main() -> None:
+        store = await AsyncCheckpointStore.open(str(tmp_path / "s"))
+        try:
+            turns = store._core.turns
+            async with turns.ahold("t"):  # a stalled writer's turn
+                waiting = asyncio.create_task(store.save("t", _state(1)))
+                await asyncio.sleep(0.05)
+                assert not waiting.done()  # it waits: it does not race around the holder
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+            assert len(turns) == 0
+            await store.save("t", _state(2))
+            assert len(await store.history("t")) == 1  # the cancelled save never ran
+        finally:
+            await store.aclose()
+
+    asyncio.run(main())
