@@ -20,7 +20,9 @@ from .links import read_varints
 VALUE, LIST, TUPLE, DICT, STR, BYTES = range(6)
 COUNTED = 0x10  # added to a concatenation's shape byte: its children's lengths follow
 
-MAX_NEST = 56  # split values (over 1 KB) inside split values, at most: build refuses deeper
+MAX_NEST = 56  # split values (over 1 KB) inside split values, at most: build keeps a value
+# deeper than this whole, inside one node (the codec's own limit of 1,023 list/dict levels holds
+# inside it), so the depth of a tree stays bounded and no state the codec encodes is refused
 MAX_DEPTH = 1024  # node levels a load follows (MAX_NEST x ~17 index levels fit under it)
 MAX_STATE_BYTES = 512 * 1024 * 1024  # a state's encoding, at most (build refuses bigger)
 EXPANSION = 512  # a state may encode to at most this many times its distinct node bytes

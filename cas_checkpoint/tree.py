@@ -28,7 +28,12 @@ new key share every node but a few:
 * a dict with many keys is cut over its (key, value) pairs in order; a dict value bigger than
   ``SPLIT_MIN`` becomes its own subtree (so ``{"messages": [...], "step": 3}`` keeps the list
   shared when only ``step`` changes);
-* a long str/bytes is cut by FastCDC (the ``fastcdc`` package) at UTF-8 character starts.
+* a long str/bytes is cut by FastCDC (the ``fastcdc`` package) at UTF-8 character starts;
+* split values nest inside each other at most ``MAX_NEST`` (56) deep: a value deeper than that
+  is kept whole, inside one node (no more node levels), so a tree's depth stays within what a
+  load follows and every state the codec encodes is stored (its own limit, 1,023 list/dict
+  levels, holds inside the node; the codec refuses deeper states before anything is written).
+  The ids of states that nest less deeply are those they always had.
 
 Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
 stand for child ``i`` and whose ``Span(shape, i, n, lengths)`` for children ``i .. i+n-1``
@@ -122,13 +127,10 @@ class _Builder(Nodes):
     def subtree(self, value: Any, data: bytes | memoryview) -> ObjectId | _Inline:
         """A node (or an inline top node) whose value is ``value`` (``data`` encodes it)."""
         kind = type(value)
-        if len(data) <= SPLIT_MIN or kind not in (list, tuple, dict, str, bytes):
+        if len(data) <= SPLIT_MIN or kind not in (list, tuple, dict, str, bytes) \
+                or self.nest >= MAX_NEST:  # past the split limit: the rest is kept whole
             return self.node(VALUE, data)
         self.nest += 1
-        if self.nest > MAX_NEST:
-            raise SerializationError(
-                f"cannot store the state: it nests values of over {SPLIT_MIN} bytes more than "
-                f"{MAX_NEST} levels deep; flatten it (for example store a deep chain as a list)")
         try:
             if kind is list:
                 return self.sequence(value, data, LIST)
