@@ -1,0 +1,136 @@
+"""Issue 27, the operations round: the agent tools only add (a model's restore is a new head,
+never a rewind), the demo never replaces a thread it did not write, gc's dry run predicts the
+run and checks its arguments before changing anything, and gc's local housekeeping fails with
+a StorageError that says what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cas_checkpoint import CheckpointStore, InvalidArgumentError
+from cas_checkpoint.agents import TOOL_NAMES, adispatch, dispatch, tool_definitions
+from cas_checkpoint.aio import AsyncCheckpointStore
+
+
+def mem() -> CheckpointStore:
+    return CheckpointStore.open(f"memory://ops-{uuid.uuid4().hex[:12]}")
+
+
+def reachable(store: Any) -> set[str]:
+    """Every checkpoint some thread's history holds."""
+    return {i.id for t in store.threads() for i in store.history(t)}
+
+
+# --- 14: restore_checkpoint is a new head; no tool call reduces history -----------------------
+
+
+def _attempt(store: CheckpointStore, n: int = 13) -> list[str]:
+    state: dict[str, Any] = {"messages": []}
+    ids = []
+    for i in range(n):
+        word = "plan" if i < 5 else "abandoned-idea"
+        state["messages"].append({"role": "assistant", "content": f"step {i}: {word}"})
+        ids.append(store.save("t", state, kind="automatic", status="in_progress").id)
+    return ids
+
+
+def test_restore_checkpoint_saves_a_new_head_and_keeps_the_abandoned_attempt() -> None:
+    store = mem()
+    ids = _attempt(store)
+    got = dispatch(store, "t", "restore_checkpoint", {"checkpoint_id": ids[0]})
+    head = store.load("t")
+    assert got["restored"]["id"] == ids[0] and got["created"]["id"] == head.id
+    assert store.count("t") == 14  # was 13 -> 1 when the tool rewound
+    assert head.parent_ids == (ids[-1],) and head.state == store.load("t", ids[0]).state
+    assert head.kind == "manual" and head.metadata == {"restored_from": ids[0]}
+    assert set(ids) <= {i.id for i in store.history("t")}
+    found = dispatch(store, "t", "search_checkpoints",
+                     {"query": "abandoned-idea", "all_history": True, "limit": 50})
+    assert {m["checkpoint_id"] for m in found["matches"]} == set(ids[5:])
+    listed = dispatch(store, "t", "list_checkpoints", {"kind": "manual"})["checkpoints"]
+    assert [c["id"] for c in listed] == [head.id]
+
+
+def test_async_restore_checkpoint_saves_a_new_head() -> None:
+    async def main() -> None:
+        store = await AsyncCheckpointStore.open(f"memory://ops-{uuid.uuid4().hex[:12]}")
+        first = await store.save("t", {"m": 1})
+        second = await store.save("t", {"m": 2})
+        got = await adispatch(store, "t", "restore_checkpoint", {"checkpoint_id": first.id})
+        head = await store.load("t")
+        assert got["created"]["id"] == head.id and head.parent_ids == (second.id,)
+        assert head.state == {"m": 1} and await store.count("t") == 3
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+ADDING = {"load", "save", "history", "search", "head", "count"}
+
+
+class OnlyAdds:
+    """A store that lets through only the methods that read or add: a tool that reached for
+    rewind, delete, prune, repack or gc fails the test whatever its arguments."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in ADDING:
+            raise AssertionError(f"a model's tool call reached store.{name}")
+        return getattr(self._store, name)
+
+
+_IDS = st.one_of(st.integers(0, 40), st.integers(0, 40), st.integers(0, 40),
+                 st.text("0123456789abcdef", min_size=64, max_size=64), st.text(max_size=70))
+PARAMS = {d["name"]: d["parameters"]["properties"] for d in tool_definitions()}
+
+
+def _argument(draw: Any, key: str, spec: dict[str, Any], known: list[str]) -> Any:
+    """Mostly what the schema asks for (a model follows it, or nearly), sometimes anything."""
+    if key in ("checkpoint_id", "before"):
+        pick = draw(_IDS)
+        return known[pick % len(known)] if isinstance(pick, int) and known else pick
+    anything = st.one_of(st.none(), st.booleans(), st.integers(-3, 120), st.text(max_size=30))
+    if "enum" in spec:
+        fits: Any = st.sampled_from(spec["enum"])
+    elif spec.get("type") == "integer":
+        fits = st.integers(spec["minimum"], spec["maximum"])
+    elif spec.get("type") == "boolean":
+        fits = st.booleans()
+    else:
+        fits = st.sampled_from(["plan", "abandoned-idea", "step", "x" * 201])
+    return draw(st.one_of(fits, fits, fits, anything))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_no_sequence_of_tool_calls_reduces_the_checkpoints_in_the_store(data: Any) -> None:
+    """Any tool, any arguments a model might send (mostly as the schema says, sometimes not,
+    sometimes a tool that does not exist): the checkpoints the store's threads hold only grow,
+    and no call reaches a method that rewinds, deletes or prunes."""
+    store = mem()
+    _attempt(store, 6)
+    store.save("other", {"secret": "theirs"})
+    names = [*TOOL_NAMES, *TOOL_NAMES, "rewind", "delete_checkpoint", "prune", "gc"]
+    spy = OnlyAdds(store)
+    before = reachable(store)
+    for _ in range(data.draw(st.integers(1, 8))):
+        known = sorted(before)
+        name = data.draw(st.sampled_from(names))
+        params = PARAMS.get(name, {})
+        keys = data.draw(st.lists(st.sampled_from([*params, *params, "thread_id", "regex"]),
+                                  max_size=3, unique=True))
+        args = {k: _argument(data.draw, k, params.get(k, {}), known) for k in keys}
+        try:
+            dispatch(spy, "t", name, args)
+        except InvalidArgumentError:
+            pass
+        after = reachable(store)
+        assert before <= after, (name, args)
+        before = after
