@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli import cli
 
 from cas_checkpoint import CheckpointStore, InvalidArgumentError
 from cas_checkpoint.agents import TOOL_NAMES, adispatch, dispatch, tool_definitions
@@ -134,3 +137,38 @@ def test_no_sequence_of_tool_calls_reduces_the_checkpoints_in_the_store(data: An
         after = reachable(store)
         assert before <= after, (name, args)
         before = after
+
+
+# --- 15: the demo never replaces a thread it did not write -----------------------------------
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("thread", ["support-agent", "support-agent/what-if"])
+def test_demo_refuses_a_store_with_the_users_thread_of_its_name(tmp_path: Path,
+                                                                 thread: str) -> None:
+    url = str(tmp_path / "store")
+    store = CheckpointStore.open(url)
+    mine = [store.save(thread, {"messages": [f"my own {i}"]}, label="keep").id for i in range(3)]
+    before = _files(tmp_path / "store")
+    code, out, err = cli("demo", url)
+    assert code == 2 and out == "", err
+    assert repr(thread) in err and "empty folder" in err and "delete-thread" in err
+    assert "wrote nothing" in err and len(err.splitlines()) == 1
+    assert _files(tmp_path / "store") == before  # nothing written, nothing deleted
+    again = CheckpointStore.open(url)
+    assert again.threads() == [thread] and [i.id for i in again.history(thread)] == mine[::-1]
+
+
+def test_demo_runs_again_over_its_own_threads_but_not_over_a_users_save(tmp_path: Path) -> None:
+    url = str(tmp_path / "demo")
+    assert cli("demo", url)[0] == 0
+    assert cli("demo", url)[0] == 0  # its own threads, as it left them: replaced
+    store = CheckpointStore.open(url)
+    assert store.count("support-agent") == 195
+    mine = store.save("support-agent", {"messages": ["the user carried on here"]}).id
+    code, _, err = cli("demo", url)
+    assert code == 2 and "'support-agent'" in err and "'support-agent/what-if'" not in err
+    assert CheckpointStore.open(url).head("support-agent") == mine
