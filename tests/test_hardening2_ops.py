@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli import cli
+from test_cli import cli, cli_json
 
 from cas_checkpoint import CheckpointStore, InvalidArgumentError
 from cas_checkpoint.agents import TOOL_NAMES, adispatch, dispatch, tool_definitions
@@ -172,3 +173,81 @@ def test_demo_runs_again_over_its_own_threads_but_not_over_a_users_save(tmp_path
     code, _, err = cli("demo", url)
     assert code == 2 and "'support-agent'" in err and "'support-agent/what-if'" not in err
     assert CheckpointStore.open(url).head("support-agent") == mine
+
+
+# --- 16: gc's dry run predicts the run; its arguments are checked before any change ----------
+
+SAME = ("repacked_threads", "repack_freed_bytes", "deleted_objects", "deleted_bytes",
+        "scanned_objects", "scanned_bytes", "reachable_objects", "reachable_bytes",
+        "young_objects", "young_bytes", "threads")
+
+
+def _with_garbage(store: CheckpointStore) -> None:
+    """Two threads whose packs hold what their logs no longer reach (a prune, a rewind), and a
+    fork that still names some of them; plus a deleted thread (packs no ref names)."""
+    state: dict[str, Any] = {"messages": []}
+    for i in range(40):
+        state["messages"].append({"role": "user", "content": f"turn {i} " + "words " * 80})
+        store.save("a", state)
+    store.fork("a", store.history("a")[30].id, "fork")
+    store.prune("a", keep_last=3, keep_labeled=False)
+    for i in range(25):
+        store.save("b", {"n": i, "text": f"draft {i} " * 200})
+    store.rewind("b", store.history("b")[20].id)
+    store.save("gone", {"text": "soon deleted " * 300})
+    store.delete_thread("gone")
+
+
+def _pack_files(store: CheckpointStore) -> set[str]:
+    return {i.key for i in store._core.backend.list("packs")}
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_gc_dry_run_reports_what_the_run_then_does(kind: str, tmp_path: Path) -> None:
+    store = mem() if kind == "memory" else CheckpointStore.open(str(tmp_path / "s"))
+    _with_garbage(store)
+    packs = _pack_files(store)
+    dry = store.gc(grace=timedelta(0), dry_run=True, repack=True)
+    assert _pack_files(store) == packs  # a dry run changes nothing
+    real = store.gc(grace=timedelta(0), repack=True)
+    want, got = dry.to_dict(), real.to_dict()
+    assert want["repacked_threads"] >= 2 and want["deleted_objects"] > 0
+    assert {k: want[k] for k in SAME} == {k: got[k] for k in SAME}
+    assert store.verify().ok
+
+
+def test_cli_gc_dry_run_predicts_the_gc(tmp_path: Path) -> None:
+    url = str(tmp_path / "s")
+    _with_garbage(CheckpointStore.open(url))
+    packs = {p.name for p in (tmp_path / "s").rglob("*") if p.is_file()}
+    code, text, err = cli("gc", url, "--grace", "0s", "--dry-run")
+    assert code == 0, err
+    assert {p.name for p in (tmp_path / "s").rglob("*") if p.is_file()} == packs
+    freed = [line for line in text.splitlines() if line.startswith("would free")]
+    assert freed and freed[0] != "would free 0 B"  # (it said 0 B; the gc then freed 34.7 KB)
+    assert "would repack 0 of" not in text
+    would = cli_json("gc", url, "--grace", "0s", "--dry-run")
+    done = cli_json("gc", url, "--grace", "0s")
+    assert would["deleted_bytes"] > 0 and would["repack_freed_bytes"] > 0
+    same = [k for k in SAME if k in done]  # (the old code's JSON had no repacked_threads)
+    assert {k: would.get(k) for k in same} == {k: done[k] for k in same}
+    assert would["repacked_threads"] == done["repacked_threads"] >= 2
+    assert f"would repack {would['repacked_threads']} of" in text
+
+
+def test_cli_gc_refuses_a_short_grace_on_s3_before_it_repacks(
+        moto_server: dict[str, Any]) -> None:
+    url = f"s3://{moto_server['bucket']}/ops-{uuid.uuid4().hex[:8]}"
+    store = CheckpointStore.open(url, storage_options=moto_server["storage_options"])
+    _with_garbage(store)
+    packs, heads = _pack_files(store), {t: store.head(t) for t in store.threads()}
+    refs = {i.key: i.mtime for i in store._core.backend.list("refs")}
+    code, out, err = cli("gc", url, "--grace", "0s", "--endpoint-url", moto_server["endpoint"])
+    assert code == 2, err
+    assert _pack_files(store) == packs  # no repack ran (it did: packs 4 -> 6)
+    assert "--grace 1s" in err and "--force" in err and "Nothing was changed" in err
+    assert {i.key: i.mtime for i in store._core.backend.list("refs")} == refs
+    assert {t: store.head(t) for t in store.threads()} == heads
+    with pytest.raises(InvalidArgumentError, match="force=True"):
+        store.gc(grace=timedelta(0), repack=True)
+    assert _pack_files(store) == packs
