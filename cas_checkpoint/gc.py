@@ -28,6 +28,8 @@ The residual risks are written down in the README ("How GC stays safe").
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import math
 import os
 import secrets
@@ -324,6 +326,39 @@ def _local_path(backend: LocalBackend, key: str) -> str:
     return os.path.join(backend.root, *key.split("/"))
 
 
+def _housekeeping(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A local housekeeping step (its first argument the backend) whose OSError becomes a
+    StorageError saying what was wrong and what to do."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run_it(backend: LocalBackend, *args: Any) -> Any:
+            try:
+                return fn(backend, *args)
+            except OSError as exc:
+                raise housekeeping_error(backend, what, exc) from exc
+        return run_it
+    return wrap
+
+
+def housekeeping_error(backend: LocalBackend, what: str, exc: OSError) -> StorageError:
+    gc_dir = os.path.join(backend.root, "gc")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        todo = ("this process has run out of file descriptors: raise its limit (`ulimit -n`) "
+                "or let it close files")
+    elif exc.errno in (errno.ENOTDIR, errno.EEXIST) and not os.path.isdir(gc_dir):
+        todo = (f"{gc_dir} must be a folder (gc keeps its clock probe and trash there) and is "
+                "not: move it away")
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = "the disk is full: free some space"
+    else:
+        todo = f"check the permissions of {backend.root}"
+    return StorageError(f"gc could not {what} ({exc.strerror or exc}: {exc.filename or gc_dir}); "
+                        f"{todo}, then run gc again (objects it moved aside are put back by the "
+                        "next run)")
+
+
+@_housekeeping("delete writers' stale temp files")
 def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
     """Delete temp files older than the grace: no live writer holds one that long. Blocking."""
     stale = backend.stale_temps(cutoff)
@@ -333,6 +368,7 @@ def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
     return len(stale)
 
 
+@_housekeeping("put back what an earlier gc left in its trash")
 def _recover_trash(backend: LocalBackend) -> None:
     """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
     safe; the next gc deletes it again). Blocking."""
@@ -370,7 +406,7 @@ def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: flo
     if not candidates:
         return []
     trash = os.path.join(backend.root, "gc", f"trash-{os.getpid()}-{secrets.token_hex(4)}")
-    yield Blocking(os.makedirs, (trash,))
+    yield Blocking(_make_trash, (backend, trash))
     deleted: list[ObjectInfo] = []
     try:
         for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
@@ -379,10 +415,19 @@ def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: flo
             c.req["delete"] += len(batch)
             c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
     except OSError as exc:
-        raise StorageError(f"gc could not remove objects in {backend.root}: {exc}; objects it "
-                           f"moved aside are put back by the next gc run") from exc
-    yield Blocking(os.rmdir, (trash,))
+        raise housekeeping_error(backend, "remove objects", exc) from exc
+    yield Blocking(_drop_trash, (backend, trash))
     return deleted
+
+
+@_housekeeping("make its trash folder")
+def _make_trash(backend: LocalBackend, trash: str) -> None:
+    os.makedirs(trash)
+
+
+@_housekeeping("remove its trash folder")
+def _drop_trash(backend: LocalBackend, trash: str) -> None:
+    os.rmdir(trash)
 
 
 def _trash_batch(backend: LocalBackend, trash: str, batch: list[ObjectInfo],

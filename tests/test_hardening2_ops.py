@@ -6,6 +6,8 @@ a StorageError that says what to do."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import cli, cli_json
 
-from cas_checkpoint import CheckpointStore, InvalidArgumentError
+from cas_checkpoint import CheckpointStore, InvalidArgumentError, StorageError
 from cas_checkpoint.agents import TOOL_NAMES, adispatch, dispatch, tool_definitions
 from cas_checkpoint.aio import AsyncCheckpointStore
 
@@ -251,3 +253,61 @@ def test_cli_gc_refuses_a_short_grace_on_s3_before_it_repacks(
     with pytest.raises(InvalidArgumentError, match="force=True"):
         store.gc(grace=timedelta(0), repack=True)
     assert _pack_files(store) == packs
+
+
+# --- 8: gc's local housekeeping fails with a StorageError that says what to do ---------------
+
+OUT_OF_FDS = r"""
+import os, resource, sys
+from datetime import timedelta
+from cas_checkpoint import CheckpointStore, StorageError
+s = CheckpointStore.open(sys.argv[1])
+s.save("t", {"a": "x" * 5000}); s.delete_thread("t")
+s.gc(grace=timedelta(0))  # leaves <root>/gc, which the next gc lists first
+s.save("u", {"a": "y" * 5000}); s.delete_thread("u")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    s.gc(grace=timedelta(0))
+    outcome = "no error"
+except StorageError as exc:
+    outcome = "StorageError: " + str(exc)
+except BaseException as exc:
+    outcome = "bare " + type(exc).__name__ + ": " + str(exc)
+for fd in held:
+    os.close(fd)
+print(outcome)
+"""
+
+
+def test_gc_out_of_file_descriptors_is_a_storage_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", OUT_OF_FDS, str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith("StorageError: gc could not"), out  # (was: bare OSError)
+    assert "file descriptors" in out and "ulimit -n" in out and "run gc again" in out
+    store = CheckpointStore.open(str(tmp_path / "s"))  # with descriptors again: it runs
+    assert store.gc(grace=timedelta(0)).deleted_objects == 1
+
+
+def test_gc_when_its_folder_is_a_file(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    keep = store.save("t", {"a": "x" * 5000}).id
+    store.save("gone", {"a": "y" * 5000})
+    store.delete_thread("gone")
+    (tmp_path / "s" / "gc").write_text("not a folder")
+    packs = _pack_files(store)
+    with pytest.raises(StorageError, match="must be a folder") as caught:
+        store.gc(grace=timedelta(0))
+    assert "move it away" in str(caught.value) and _pack_files(store) == packs
+    code, out, err = cli("gc", str(tmp_path / "s"), "--grace", "0s")
+    assert code == 2 and "must be a folder" in err and len(err.splitlines()) == 1, err
+    assert "OSError" not in err and "NotADirectoryError" not in err
+    (tmp_path / "s" / "gc").unlink()
+    assert store.gc(grace=timedelta(0)).deleted_objects == 1 and store.load("t").id == keep
