@@ -257,11 +257,12 @@ class AsyncCheckpointStore:
                                                  dry_run=dry_run))
 
     async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-                 progress: gcmod.GCProgress | None = None,
-                 force: bool = False) -> gcmod.GCReport:
+                 progress: gcmod.GCProgress | None = None, force: bool = False,
+                 repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
         return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
-                                             force=force))
+                                             force=force, repack=repack,
+                                             min_garbage=min_garbage))
 
     # --- moving threads between stores ---
 

@@ -551,10 +551,18 @@ class Core:
         return report
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-           progress: gcmod.GCProgress | None = None, force: bool = False
-           ) -> Step[gcmod.GCReport]:
+           progress: gcmod.GCProgress | None = None, force: bool = False,
+           repack: bool = False, min_garbage: float = 0.25) -> Step[gcmod.GCReport]:
+        gcmod.check_grace(self.backend, grace, force)  # every argument, before any change
+        if not isinstance(repack, bool) or not isinstance(dry_run, bool):
+            raise InvalidArgumentError(f"repack and dry_run must be True or False, not "
+                                       f"{repack!r} and {dry_run!r}")
+        repackmod.check(min_garbage)
+        repacked = (yield from self.repack(min_garbage=min_garbage, dry_run=dry_run)
+                    ) if repack else None
         report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
-                                          progress=progress, force=force)
+                                          progress=progress, force=force, repacked=repacked)
+        report.repack = repacked
         if not dry_run:
             self.objects.forget(report.deleted)
         log.info("%s", report.to_text())

@@ -348,11 +348,21 @@ class ObjectStore:
 
     def adopt(self, settings: marker.Settings) -> None:
         """Write by ``settings`` from now on (an encrypted store's packer also seals)."""
+        self.compressor = self.packer(settings)
+        self.settings = settings
+
+    def packer(self, settings: marker.Settings) -> Zstd | None:
+        """How packs are compressed (and, in an encrypted store, sealed) by ``settings``."""
         compressor = settings.compressor()
         if self.keyring is not None:
             compressor = Sealing(compressor, self.keyring.writer)
-        self.compressor = compressor
-        self.settings = settings
+        return compressor
+
+    def would_settle(self) -> Step[Zstd | None]:
+        """What ``settle`` returns, writing nothing (for a dry run)."""
+        if self.settings is not None:
+            return self.compressor
+        return self.packer((yield from self.current()))
 
     def sealer(self) -> crypto.Key | None:
         """The key new packs are sealed with (None: a plain store)."""

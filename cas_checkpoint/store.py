@@ -301,12 +301,16 @@ class CheckpointStore:
         return self._run(self._core.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-           progress: gcmod.GCProgress | None = None, force: bool = False) -> gcmod.GCReport:
+           progress: gcmod.GCProgress | None = None, force: bool = False,
+           repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete every object no ref reaches that was last written or reused more than
         ``grace`` ago, by the storage's clock. Safe while other processes save (see the README,
-        "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``."""
+        "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``. With ``repack``,
+        first ``repack(min_garbage=...)`` every thread (``report.repack``); a dry run then
+        counts as if that repack had been done, so it predicts what the run deletes. Every
+        argument is checked before anything changes."""
         return self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
-                                       force=force))
+                                       force=force, repack=repack, min_garbage=min_garbage))
 
     # --- moving threads between stores (bundle.py, copy.py) ---
 
