@@ -202,9 +202,19 @@ class Core:
                 cp = yield from self._load_ref(thread_id, ref, cid)
                 break
             except NotFoundError:
-                # A pack merged away and collected since we read the ref? Read it again.
-                if attempt + 1 == LOAD_RETRIES or (yield from self.refs.read(thread_id)) == ref:
+                # A pack merged away and collected since we read the ref? Read it again. Only
+                # a ref that still names what is missing says the thread is damaged.
+                latest = yield from self.refs.read(thread_id)
+                if latest is not None and latest.version == ref.version:
                     raise
+                if latest is None:  # deleted meanwhile: says that the thread does not exist
+                    yield from self.ref(thread_id)
+                if attempt + 1 == LOAD_RETRIES:
+                    raise StorageError(
+                        f"thread {thread_id!r} moved {LOAD_RETRIES} times while this load read "
+                        "its packs (a repack and a gc removed what each ref read named; "
+                        "nothing is damaged); load it again, or when maintenance is done"
+                    ) from None
         log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
                   (time.perf_counter() - t0) * 1000)
         return cp
