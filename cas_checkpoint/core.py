@@ -22,10 +22,26 @@ from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
-from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
+from .errors import (
+    CasError,
+    FormatError,
+    IntegrityError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageError,
+)
 from .heads import Head
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import CheckpointId, LogEntry, ObjectId, Record, hashed, inlinable, object_id
+from .objects import (
+    CheckpointId,
+    LogEntry,
+    ObjectId,
+    Record,
+    decode_node,
+    hashed,
+    inlinable,
+    object_id,
+)
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -274,22 +290,28 @@ class Core:
         out: dict[CheckpointId, View] = {}
         heads = [r.head for _, r in (yield from self._refs()) if r is not None]
         views: list[View] = []
+        damage: CasError | None = None  # (another thread's damaged log does not hide ours)
         for head in heads:
             if head.head is None:
                 continue
             view = yield from self.objects.view(head)
             views.append(view)
-            for e in self.refs.iter_newest_first(head, view):
-                if e.id in wanted and e.id not in out:
-                    out[e.id] = view
-                    if len(out) == len(wanted):
-                        return out
+            try:
+                for e in self.refs.iter_newest_first(head, view):
+                    if e.id in wanted and e.id not in out:
+                        out[e.id] = view
+                        if len(out) == len(wanted):
+                            return out
+            except (IntegrityError, FormatError, NotFoundError) as exc:
+                damage = damage or exc
         for view in views:  # rewound or pruned out of every log: its objects stay until repacked
             for cid in wanted - out.keys():
                 if cid in view.frozen_ids():
                     out[cid] = view
         for cid in checkpoint_ids:
             if cid not in out:
+                if damage is not None:  # it may be in a log that could not be read
+                    raise damage
                 raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
         return out
 
@@ -309,6 +331,8 @@ class Core:
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
+            if view.unreadable:  # (the error names the pack it may be in)
+                raise
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         if newest:  # the head's checkpoint, after every check load makes: for warm loads
             self._warm.newest(view.head.thread_id, view.head, record)
@@ -391,10 +415,14 @@ class Core:
         cid = check_id(checkpoint_id)
         thread_key(new_thread_id)
         src = (yield from self.ref(thread_id)).head
-        entries = yield from self.refs.entries(src)
+        view: View = yield from self.objects.view(src)
+        entries = self.refs.log_entries(src, view)
         by_id = {e.id: e for e in entries}
         if cid not in by_id:
             raise self._not_in(thread_id, cid)
+        # Everything is checked before the new ref exists: the fork's head checkpoint must be
+        # readable (its record and every node of its state: a damaged pack raises here).
+        _check_held(view, cid)
         keep: set[str] = set()
         todo = [cid]
         while todo:
@@ -417,8 +445,7 @@ class Core:
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
-            self._threads.remember(new_thread_id, ref, Known(
-                ref.head.lineage, (yield from self.objects.view(ref.head))))
+            self._threads.remember(new_thread_id, ref, Known(ref.head.lineage, view))
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return info_of(by_id[cid], new_thread_id)
 
@@ -600,3 +627,15 @@ class Core:
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
                           logical / physical if physical else 0.0, self.objects.hits,
                           self.objects.misses, per)
+
+
+def _check_held(view: View, cid: CheckpointId) -> None:
+    """Raise (IntegrityError, NotFoundError, FormatError) unless ``view`` holds the record of
+    ``cid`` and every node of its state, each hashing to its id (nothing is decoded but the
+    nodes' lists of children)."""
+    seen: set[str] = set()
+    todo = list(Record.decode(view.get(cid)).children())
+    while todo:
+        got = view.get_views([n for n in dict.fromkeys(todo) if n not in seen])
+        seen.update(got)
+        todo = [c for data in got.values() for c in decode_node(data)[0] if c not in seen]
