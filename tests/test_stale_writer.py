@@ -49,7 +49,7 @@ def _check_readable(url: str, acked: list[str], new: list[str]) -> None:
     assert report.ok, report.to_text()
 
 
-@pytest.mark.parametrize("kind", ["local", "memory"])
+@pytest.mark.parametrize("kind", ["local", "memory", "local-async"])
 @pytest.mark.parametrize("saves", [3, 7])  # a new pack beside the old ones; one merged with them
 def test_a_writer_idle_while_another_prunes_repacks_and_collects_saves_again(
         kind: str, saves: int, tmp_path: Any, request: pytest.FixtureRequest) -> None:
@@ -102,3 +102,35 @@ def test_a_pack_the_current_ref_names_that_is_missing_is_still_reported(tmp_path
     assert pack_key(gone) in str(err.value) and "verify" in str(err.value)
     after = a.refs.read("t")
     assert after is not None and after.version == ref.version
+
+
+def test_a_load_on_a_ref_that_keeps_moving_does_not_claim_damage(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of the ref finds a new version naming packs that are gone: the load gives up
+    after its retries with a StorageError that says nothing is damaged (the old code raised
+    "pack ... is missing ...; run verify"); a ref that stays the same is reported damaged."""
+    from cas_checkpoint.errors import StorageError
+    from cas_checkpoint.refs import Ref
+
+    url = str(tmp_path / "s")
+    a = CheckpointStore.open(url)
+    for i in range(3):
+        a.save("t", _big(i))
+    ref = a.refs.read("t")
+    assert ref is not None
+    a.backend.delete_many([pack_key(p.id) for p in ref.head.packs])
+    fresh = CheckpointStore.open(url)
+    with pytest.raises(NotFoundError, match="is missing"):
+        fresh.load("t")
+    reads = iter(range(10**6))
+    core_refs = fresh._core.refs
+    real = core_refs.read
+
+    def moving(thread_id: str) -> Any:
+        got = yield from real(thread_id)
+        return None if got is None else Ref(got.head, f"{got.version}-{next(reads)}")
+
+    monkeypatch.setattr(core_refs, "read", moving)
+    with pytest.raises(StorageError, match="nothing is damaged") as err:
+        fresh.load("t")
+    assert "verify" not in str(err.value)
