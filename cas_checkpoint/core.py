@@ -22,26 +22,10 @@ from . import gc as gcmod
 from . import repack as repackmod
 from .backends import Backend, ObjectInfo
 from .codec import TypeRegistry
-from .errors import (
-    CasError,
-    FormatError,
-    IntegrityError,
-    InvalidArgumentError,
-    NotFoundError,
-    StorageError,
-)
+from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .heads import Head
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import (
-    CheckpointId,
-    LogEntry,
-    ObjectId,
-    Record,
-    decode_node,
-    hashed,
-    inlinable,
-    object_id,
-)
+from .objects import CheckpointId, LogEntry, ObjectId, Record, hashed, inlinable, object_id
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -290,7 +274,8 @@ class Core:
         out: dict[CheckpointId, View] = {}
         heads = [r.head for _, r in (yield from self._refs()) if r is not None]
         views: list[View] = []
-        damage: CasError | None = None  # (another thread's damaged log does not hide ours)
+        damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
+        # damaged log does not hide the others)
         for head in heads:
             if head.head is None:
                 continue
@@ -422,7 +407,7 @@ class Core:
             raise self._not_in(thread_id, cid)
         # Everything is checked before the new ref exists: the fork's head checkpoint must be
         # readable (its record and every node of its state: a damaged pack raises here).
-        _check_held(view, cid)
+        view.check_checkpoint(cid)
         keep: set[str] = set()
         todo = [cid]
         while todo:
@@ -628,14 +613,3 @@ class Core:
                           logical / physical if physical else 0.0, self.objects.hits,
                           self.objects.misses, per)
 
-
-def _check_held(view: View, cid: CheckpointId) -> None:
-    """Raise (IntegrityError, NotFoundError, FormatError) unless ``view`` holds the record of
-    ``cid`` and every node of its state, each hashing to its id (nothing is decoded but the
-    nodes' lists of children)."""
-    seen: set[str] = set()
-    todo = list(Record.decode(view.get(cid)).children())
-    while todo:
-        got = view.get_views([n for n in dict.fromkeys(todo) if n not in seen])
-        seen.update(got)
-        todo = [c for data in got.values() for c in decode_node(data)[0] if c not in seen]

@@ -22,7 +22,7 @@ from . import crypto, marker
 from .backends import Backend
 from .errors import CasError, FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head
-from .objects import ObjectId, inline_id, object_id, object_ids
+from .objects import ObjectId, Record, decode_node, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
@@ -232,6 +232,17 @@ class View:
         hashed now."""
         for oid in oids.difference(self.inline, *(p.verified for p in self.packs)):
             self.get(oid)
+
+    def check_checkpoint(self, cid: str) -> None:
+        """Raise (IntegrityError, NotFoundError, FormatError) unless the head holds the record
+        of ``cid`` and every node of its state, each hashing to its id (of the nodes, only
+        their lists of children are decoded)."""
+        seen: set[str] = set()
+        todo = list(Record.decode(self.get(cid)).children())
+        while todo:
+            got = self.get_views([n for n in dict.fromkeys(todo) if n not in seen])
+            seen.update(got)
+            todo = [c for data in got.values() for c in decode_node(data)[0] if c not in seen]
 
     def get_views(self, oids: Iterable[str]) -> dict[str, bytes | memoryview]:
         """``get_many`` without copying objects out of their packs: looked up and hashed a
