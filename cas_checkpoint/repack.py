@@ -114,7 +114,7 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
         if ref is None or ref.head.head is None:
             return None
         head = ref.head
-        view: View = yield from refs.objects.view(head)
+        view: View = (yield from refs.objects.view(head)).whole()
         keep = reachable(head, view)
         packed = {oid: obj for pack in view.packs for oid, obj in pack.objects.items()}
         before = sum(len(v) for v in packed.values())
