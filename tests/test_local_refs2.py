@@ -184,3 +184,63 @@ def test_lock_files_hold_nothing_and_go_with_their_thread(tmp_path: Path) -> Non
         assert list((root / "refs" / "heads").iterdir()) == []
         store.save("patient-42", {"a": 3})  # the thread can be made again
         assert store.load("patient-42").state == {"a": 3}
+
+
+# --- the way forward: verify names each slot, gc names the thread and the command ----------
+
+
+def test_verify_says_what_each_slot_holds(tmp_path: Path) -> None:
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.save("t", {"a": 1})
+    second = store.save("t", {"a": 2})
+    _zero(_path(store, "t"), 0)
+    report = CheckpointStore.open(store.url).verify()
+    assert not report.ok and [p.kind for p in report.problems] == ["corrupt"]
+    detail = report.problems[0].detail
+    assert "slot 0: damaged (zeroed first sector" in detail
+    assert f"slot 1: head {second.id}, whole" in detail and "--use-slot 1" in detail
+
+
+def test_verify_notes_two_valid_slots(tmp_path: Path) -> None:
+    store, _path_, head = _killed_between_flush_and_retire(tmp_path)
+    report = store.verify()
+    assert report.ok and len(report.notes) == 1  # not damage, but said
+    assert f"head {head}, whole" in report.notes[0]
+    assert "retiring the older" in report.notes[0]
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *argv],
+                          capture_output=True, text=True, env={**os.environ})
+
+
+def test_an_unreadable_ref_stops_gc_naming_the_thread_and_repair_ref_is_the_way_forward(
+        tmp_path: Path) -> None:
+    store, path, head = _killed_between_flush_and_retire(tmp_path)
+    store.save("other", {"b": 1})
+    live = slots.live(Path(path).read_bytes())
+    assert live is not None
+    _zero(path, live.index * live.slot)  # the newest slot: reads must raise
+    with pytest.raises(IntegrityError) as caught:
+        CheckpointStore.open(store.url).gc()
+    message = str(caught.value)
+    assert "gc stopped before deleting anything" in message and "'t'" in message
+    assert "cas-checkpoint repair-ref STORE 't' --use-slot N" in message
+    report = CheckpointStore.open(store.url).verify()
+    assert any("newer head" in p.detail and "slot" in p.detail for p in report.problems)
+
+    asked = _cli("repair-ref", store.url, "t", "--use-slot", str(1 - live.index))
+    assert asked.returncode == 2 and "--yes" in asked.stderr and "whole" in asked.stderr
+    with pytest.raises(IntegrityError):  # nothing was changed without --yes
+        CheckpointStore.open(store.url).load("t")
+    done = _cli("repair-ref", store.url, "t", "--use-slot", str(1 - live.index), "--yes")
+    assert done.returncode == 0, done.stderr
+    fresh = CheckpointStore.open(store.url)
+    assert fresh.load("t").state == {"a": 2}  # the older head, chosen by the operator
+    assert fresh.gc().threads == 2 and fresh.verify().ok
+
+    _zero(path, 0, os.path.getsize(path))  # nothing left to keep: remove it
+    removed = _cli("repair-ref", store.url, "t", "--remove", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    fresh = CheckpointStore.open(store.url)
+    assert fresh.threads() == ["other"] and fresh.gc().threads == 1

@@ -259,8 +259,45 @@ class LocalBackend(Backend):
             why = "both slots fail their checksums (neither holds a whole head): it is damaged"
             with suppress(ValueError):
                 why += f" ({slots.read(data).describe()})" if data is not None else ""
-        return IntegrityError("a valid slot", "none", f"ref {key} in {self.root}: {why}. "
-                              f"{REPAIR}")
+        exc = IntegrityError("a valid slot", "none", f"ref {key} in {self.root}")
+        exc.args = (f"ref {key} in {self.root} cannot be read: {why}. {REPAIR}",)
+        return exc
+
+    def repair_ref(self, key: str, use_slot: int | None) -> str:
+        """Under the ref's lock: rewrite the ref whole with the head of slot ``use_slot`` (it
+        must be whole), or (None) remove the ref and its lock file. What the ref held is
+        given up: only for a ref that cannot be read (``cas-checkpoint repair-ref``)."""
+        path = self._path(key)
+        try:
+            with self._locked(path):
+                with open(path, "rb") as f:
+                    data = f.read(MAX_REF_FILE + 1)
+                if use_slot is None:
+                    self._remove(key, path)
+                    return "removed"
+                if not slots.is_slotted(data) or len(data) > MAX_REF_FILE:
+                    raise FormatError(f"ref {key} in {self.root} is not a slotted ref: choose "
+                                      "--remove")
+                try:
+                    reading = slots.read(data)
+                except ValueError as exc:
+                    raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; choose "
+                                      "--remove") from None
+                chosen = reading.slots[use_slot]
+                if chosen.state != "valid":
+                    raise FormatError(f"slot {use_slot} of ref {key} does not hold a whole "
+                                      f"head ({reading.describe()}); choose another --use-slot "
+                                      "or --remove")
+                seq = max(s.seq for s in reading.slots) + 1
+                os.replace(self._write_tmp(path, slots.new_file(seq, chosen.head)), path)
+                self._fsync_dir(os.path.dirname(path))
+                self._written.pop(key, None)
+                self.ref_notes.pop(key, None)
+                return f"kept slot {use_slot}"
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} does not exist in {self.root}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot repair ref {key} in {self.root}: {exc}") from exc
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
         path = self._path(key)
