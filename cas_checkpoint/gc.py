@@ -42,7 +42,7 @@ from typing import Any
 
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .crypto import unwrap
-from .errors import InvalidArgumentError, StorageError
+from .errors import CasError, InvalidArgumentError, StorageError
 from .heads import Head
 from .objects import ObjectId
 from .objstore import PREFIX, key_pack_id, pack_key
@@ -56,6 +56,7 @@ from .retention import prune as prune
 from .retention import prune_due as prune_due
 from .retention import pruned_head as pruned_head
 from .retention import save_slack as save_slack
+from .verify_parts import key_thread, read_each
 
 GCProgress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
@@ -125,6 +126,19 @@ class GCReport:
         )
 
 
+def _unreadable(key: str | None, exc: CasError) -> CasError:
+    """``exc`` (its kind kept), saying that gc stopped, whose ref, and the way forward."""
+    thread = key_thread(key) if key is not None else ()
+    arg = repr(thread[0]) if thread else (key or "THREAD")
+    exc.args = (f"gc stopped before deleting anything: the ref of thread "
+                f"{arg if thread else '(ref ' + str(key) + ')'} cannot be read, and its "
+                f"checkpoints would be lost ({exc}). Run `cas-checkpoint verify STORE` to see "
+                f"what it holds, then `cas-checkpoint repair-ref STORE {arg} --use-slot N` "
+                f"(local disk: keep a whole slot) or `cas-checkpoint repair-ref STORE {arg} "
+                "--remove` (drop the ref; its objects go at the next gc), and run gc again",)
+    return exc
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -166,12 +180,20 @@ class _Collector:
         keys = [i.key for i in listed if is_thread_key(i.key)]
         self.req["list"] += 1 + len(keys) // 1000
         self.req["get"] += len(keys)
-        got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
+        try:
+            got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
+        except CasError as exc:
+            each = yield from read_each(keys)  # which one(s): each on its own
+            raise _unreadable(next((k for k, g in zip(keys, each, strict=True)
+                                    if isinstance(g, CasError)), None), exc) from None
         changed: dict[str, Head] = {}
         for key, ref in zip(keys, got, strict=True):
             if ref is not None and self.versions.get(key) != ref[1]:
                 self.versions[key] = ref[1]
-                changed[key] = Head.decode(ref[0], key)
+                try:
+                    changed[key] = Head.decode(ref[0], key)
+                except CasError as exc:
+                    raise _unreadable(key, exc) from None
         self.report.threads = len(self.versions)
         self.report.ref_rounds += 1
         return changed
