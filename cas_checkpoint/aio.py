@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker
+from . import bundle, crypto, marker, rotation
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend_async
 from .core import CACHE_BYTES, UNSET, Core
@@ -292,7 +292,7 @@ class AsyncCheckpointStore:
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "AsyncCheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
-        return await self._run(crypto.rekey(self._core.refs, backend))
+        return await self._run(rotation.rekey(self._core.refs, backend))
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

@@ -9,7 +9,7 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker
+from . import bundle, crypto, marker, rotation
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend
 from .core import CACHE_BYTES, UNSET, Core, log
@@ -352,7 +352,7 @@ class CheckpointStore:
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "CheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
-        return self._run(crypto.rekey(self._core.refs, backend))
+        return self._run(rotation.rekey(self._core.refs, backend))
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

@@ -196,8 +196,9 @@ class _Audit:
                 continue
             self.report.threads += 1
             if isinstance(ref, CasError):
-                self.problem("undecodable" if isinstance(ref, FormatError) else "unreadable",
-                             "ref", None, key, str(ref), want)
+                kind = ("undecodable" if isinstance(ref, FormatError) else
+                        "corrupt" if isinstance(ref, IntegrityError) else "unreadable")
+                self.problem(kind, "ref", None, key, str(ref), want)
                 continue
             try:
                 head = Head.decode(ref[0], key)
