@@ -197,23 +197,28 @@ def test_labels_and_tags_past_their_bounds_do_not_decode(field: str) -> None:
         LogEntry.unpack(raw)
 
 
-def test_a_full_head_at_every_bound_loads_lists_and_saves_elsewhere(tmp_path: Path) -> None:
+def test_a_full_head_at_every_bound_loads_lists_and_saves_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four saves with a 1 MB label (or three with 200,000 tags) made a head over the 4 MB a
-    reader accepts. Now each entry is bounded: a thread whose every entry is at every bound
-    (widest UTF-8 characters) stays readable by another process, which can save to it."""
+    reader accepts. Now each entry is bounded: a thread (with a 64 KB id) whose every entry is
+    at every bound, in 4-byte UTF-8 characters, has heads of at most ~2.3 MB, and stays
+    readable by another process, which can save to it."""
     root = str(tmp_path / "s")
     store = CheckpointStore.open(root)
+    sizes: list[int] = []
+    real = refs_mod.check_size
+    monkeypatch.setattr(refs_mod, "check_size",
+                        lambda t, data: (sizes.append(len(data)), real(t, data))[1])
     wide = "\U0001f600"  # 4 bytes in UTF-8
     meta = {"m": wide * ((MAX_META_BYTES - 64) // 4)}
     kw: dict[str, Any] = {"label": wide * MAX_LABEL, "tags": [wide * MAX_TAG] * MAX_TAGS,
                           "metadata": meta, "status": "failed", "reason": wide * MAX_REASON}
-    for i in range(20):  # past a full tail (15 entries) and a first log segment
-        store.save("t", {"i": i}, **kw)
-    size = max(os.path.getsize(os.path.join(folder, f))
-               for folder, _d, names in os.walk(os.path.join(root, "refs")) for f in names)
-    assert size < refs_mod.MAX_HEAD_BYTES - refs_mod.HEAD_ROOM
-    got = read_elsewhere(root)["t"]
-    assert got["n"] == 21 and got["label"] == wide * MAX_LABEL and len(got["tags"]) == MAX_TAGS
+    thread = wide * (refs_mod.MAX_THREAD_ID_BYTES // 4)
+    for i in range(17):  # past a full tail (15 entries) and a first log segment
+        store.save(thread, {"i": i}, **kw)
+    assert 2_000_000 < max(sizes) < refs_mod.MAX_HEAD_BYTES - refs_mod.HEAD_ROOM
+    got = read_elsewhere(root)[thread]
+    assert got["n"] == 18 and got["label"] == wide * MAX_LABEL and len(got["tags"]) == MAX_TAGS
 
 
 def test_a_head_over_the_readers_limit_is_never_written(tmp_path: Path,
