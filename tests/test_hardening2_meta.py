@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import pytest
 
+import cas_checkpoint
 from cas_checkpoint import (
     CasError,
     CheckpointStore,
@@ -38,7 +39,7 @@ from cas_checkpoint.objects import (
     LogEntry,
 )
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(cas_checkpoint.__file__).resolve().parent.parent)  # the package tested
 
 
 def files(root: str) -> dict[str, bytes]:
