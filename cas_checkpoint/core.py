@@ -25,7 +25,16 @@ from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .heads import Head
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import CheckpointId, LogEntry, ObjectId, Record, hashed, inlinable, object_id
+from .objects import (
+    MAX_PARENTS,
+    CheckpointId,
+    LogEntry,
+    ObjectId,
+    Record,
+    hashed,
+    inlinable,
+    object_id,
+)
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -93,6 +102,9 @@ class Core:
         label, tags_t, meta = check_meta(label, tags, metadata)
         status, kind, reason = model.check_annotations(status, kind, reason)
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
+        if given is not None and len(given) > MAX_PARENTS:
+            raise InvalidArgumentError(f"parents names {len(given)} checkpoints, more than "
+                                       f"{MAX_PARENTS}; a checkpoint merges a few parents")
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
         with self._memo_lock:

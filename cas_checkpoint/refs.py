@@ -40,7 +40,7 @@ from .errors import (
     NotFoundError,
     StorageError,
 )
-from .heads import Head, Peak
+from .heads import MAX_HEAD_BYTES, Head, Peak
 from .objects import CheckpointId, LogEntry, ObjectId, Segment, object_id
 from .objstore import NeedPacks, ObjectStore, Pack, View
 from .ops import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
@@ -145,6 +145,20 @@ class Ref:
 
 Change = Callable[[Ref | None], Step[tuple[Head | None, dict[ObjectId, bytes]]]]
 """What ``RefStore.update`` applies: the current ref -> the new head and its new objects."""
+
+
+HEAD_ROOM = 64 * 1024  # what a sealed (encrypted) ref adds to a head's bytes, and more
+
+
+def check_size(thread_id: str, data: bytes) -> None:
+    """Refuse to write a head that readers would refuse for its size (``MAX_HEAD_BYTES``, less
+    room for sealing). The bounds on what a save records keep a head far below it: this is the
+    last guard, whatever the inputs, before a ref no process could read is written."""
+    if len(data) > MAX_HEAD_BYTES - HEAD_ROOM:
+        raise InvalidArgumentError(
+            f"thread {thread_id[:80]!r}: its new head would be {len(data)} bytes, more than a "
+            f"reader accepts ({MAX_HEAD_BYTES - HEAD_ROOM}); nothing was saved. Keep labels, "
+            "tags and metadata small (put large values in the state)")
 
 
 def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
@@ -424,6 +438,7 @@ class RefStore:
                         yield DeleteRef(key, ref.version)
                     return None
                 data = new_head.encode()
+                check_size(thread_id, data)
                 refresh = (partial(self.objects.put_packs_now, packs) if packs else None)
                 version = yield WriteRef(key, data, ref.version if ref else None, refresh)
                 if len(self._decoded) > 1024:

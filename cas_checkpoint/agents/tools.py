@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import CasError, InvalidArgumentError, NotFoundError
 from ..model import CheckpointInfo
-from ..objects import KINDS, STATUSES
+from ..objects import KINDS, STATUSES, bad_text
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "TOOL_NAMES", "adispatch", "anthropic_tools", "dispatch",
            "openai_tools", "tool_definitions"]
@@ -89,6 +89,9 @@ class _Param:
         elif not self.enum and not self.min_length <= len(value) <= self.max_length:
             raise InvalidArgumentError(f"{where} must be {self.min_length} to "
                                        f"{self.max_length} characters long, not {len(value)}")
+        elif (problem := bad_text(value)) is not None:  # JSON's "\ud800" escape
+            raise InvalidArgumentError(f"{where} {problem}; send text without unpaired "
+                                       "\\ud800-\\udfff escapes")
         return value
 
 
