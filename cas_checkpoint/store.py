@@ -35,10 +35,10 @@ def check_open_args(retries: object, timeout: object) -> None:
     if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
                                 or not 1 <= retries <= 100):
         raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
-    if timeout is not None and (isinstance(timeout, bool)
-                                or not isinstance(timeout, int | float) or timeout <= 0):
-        raise InvalidArgumentError(f"timeout must be a positive number of seconds, not "
-                                   f"{timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= 86400):  # nan and inf are no bound
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
+                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 class _Blocking:
