@@ -8,10 +8,12 @@
   overwrite each other's refs, so writing is refused unless the caller passed
   ``allow_unsafe=True``;
 * transient failures (timeouts, resets, 5xx, throttling) are retried with bounded exponential
-  backoff and jitter; permanent ones (access denied, no such bucket, bad key) fail at once;
+  backoff and jitter, ``retries`` attempts of at most ``timeout`` each in all (botocore and
+  s3fs retry nothing themselves, ``backends/__init__.py``); permanent ones (access denied, no
+  such bucket, bad key) fail at once;
 * every ref write carries a unique write id in its user metadata (``x-amz-meta-cas-write-id``).
   When a conditional PUT fails with a 412 or an ambiguous error (its reply may have been lost,
-  and botocore's own retry of an applied PUT gets a 412), the ref is read again: if it carries
+  and a retry of an applied PUT gets a 412), the ref is read again: if it carries
   our write id, the write was applied and succeeds, instead of being reported as a conflict and
   appended twice.
 
@@ -84,7 +86,7 @@ async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
 
 class S3Backend(Backend):
     concurrency = 32
-    backoff = Backoff()  # our retries, on top of botocore's and s3fs's own
+    backoff = Backoff()  # the only retries of a store opened from a URL (see retry.py)
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
                  retries: int | None = None) -> None:
@@ -179,7 +181,7 @@ class S3Backend(Backend):
                     "the network and that the server runs. Nothing was written")
         elif is_transient(exc):
             hint = (f"the storage kept failing after {self.backoff.attempts} attempts"
-                    + (f" of{within}" if within and is_timeout(exc) else "")
+                    + (f" of up to {limit:g} s each" if limit and is_timeout(exc) else "")
                     + f" with backoff; check the endpoint and network; {slow}; then retry: "
                     "nothing half-written is ever visible")
         return StorageError(f"{what} failed on {where}: {code}: {exc}; {hint}")
