@@ -35,10 +35,10 @@ def check_open_args(retries: object, timeout: object) -> None:
     if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
                                 or not 1 <= retries <= 100):
         raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
-    if timeout is not None and (isinstance(timeout, bool)
-                                or not isinstance(timeout, int | float) or timeout <= 0):
-        raise InvalidArgumentError(f"timeout must be a positive number of seconds, not "
-                                   f"{timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= 86400):  # nan and inf are no bound
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
+                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 class _Blocking:
@@ -94,10 +94,12 @@ class CheckpointStore:
         Packs read are kept in memory (``cache_bytes``, LRU) and, with ``cache_dir``, in that
         local folder too (for S3 stores: a new process then reads its packs from disk). Packs
         are immutable and re-hashed when read back, so neither cache can go stale.
-        Object storage: ``retries`` bounds this library's attempts at a failing request (6 by
-        default; throttling and 5xx wait with exponential backoff, up to 2 s apart; an
-        endpoint that never answered is not retried: a wrong URL fails in seconds), and
-        ``timeout`` sets the connect and read timeouts, in seconds.
+        Object storage: ``retries`` bounds the attempts at a failing request (6 by default;
+        throttling and 5xx wait with exponential backoff, up to 2 s apart; an endpoint that
+        never answered is not retried: a wrong URL fails in one timeout), and ``timeout`` how
+        long each attempt may wait to connect and for each read (30 s by default). botocore and
+        s3fs retry nothing on their own, so a request gives up after about ``retries`` x
+        ``timeout`` with a StorageError naming the endpoint.
         Packs are compressed with zstd (``compression_level`` 1-19, 3 by default) unless the
         store is created with ``compression="none"``; objects keep their names (the hash of
         their uncompressed bytes), so sharing holds. A store keeps the settings it was created
