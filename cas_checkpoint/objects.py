@@ -358,6 +358,24 @@ def _check_fields(step: object, created: object, size: object, label: object, ta
                    "characters")
     if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
         raise _bad("metadata must be a map with string keys")
+    if meta and _too_deep(meta):
+        raise _bad(f"metadata must nest at most {MAX_META_DEPTH} levels of maps and lists")
+
+
+def _too_deep(meta: dict[str, Any]) -> bool:
+    """Whether ``meta`` nests more than ``MAX_META_DEPTH`` levels (what a save refuses): a
+    reader refuses it too, so nothing past the bound reaches code that compares, copies or
+    prints values recursively. Iterative; a flat dict costs one pass over its values."""
+    todo: list[tuple[Any, int]] = [(meta, 1)]
+    while todo:
+        value, depth = todo.pop()
+        items = value.values() if type(value) is dict else value
+        for item in items:
+            if type(item) is dict or type(item) is list:
+                if depth >= MAX_META_DEPTH:
+                    return True
+                todo.append((item, depth + 1))
+    return False
 
 
 def bad_text(text: str) -> str | None:
