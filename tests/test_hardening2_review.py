@@ -75,3 +75,48 @@ def test_a_head_with_hostile_deep_metadata_is_a_cas_error_for_load_and_verify(
     assert got.returncode == 0, got.stderr[-2000:]
     assert "load: FormatError" in got.stdout
     assert "verify ok: False" in got.stdout
+
+
+def test_a_record_at_every_bound_is_within_what_a_reader_reads() -> None:
+    from cas_checkpoint.objects import (
+        MAX_LABEL,
+        MAX_META_BYTES,
+        MAX_PARENTS,
+        MAX_REASON,
+        MAX_RECORD_BYTES,
+        MAX_TAG,
+        MAX_TAGS,
+        CheckpointId,
+        ObjectId,
+        Record,
+    )
+    from cas_checkpoint.refs import MAX_THREAD_ID_BYTES
+
+    wide = "\U0001d11e"  # four bytes of UTF-8
+    record = Record(wide * (MAX_THREAD_ID_BYTES // 4),
+                    tuple(CheckpointId(f"{i:064x}") for i in range(MAX_PARENTS)),
+                    ObjectId("ab" * 32), 1, 0.0, 0, wide * MAX_LABEL,
+                    tuple(wide * MAX_TAG for _ in range(MAX_TAGS)),
+                    {"k": "x" * (MAX_META_BYTES - 16)}, None, "failed", None, wide * MAX_REASON)
+    data = record.encode()
+    assert len(data) <= MAX_RECORD_BYTES
+    assert Record.decode(data) == record
+
+
+def test_a_hostile_record_is_refused_by_its_size_before_it_is_decoded() -> None:
+    """A bundle's records are hashed to ids its log names, but the sender chooses both: a
+    record of 4 MB of empty maps grew the reader by ~256 MB before its FormatError."""
+    import tracemalloc
+
+    from cas_checkpoint.objects import _HEADERS, RECORD, Record
+
+    body = b"\xdd" + (1 << 22).to_bytes(4, "big") + b"\x80" * (1 << 22)  # 4M empty maps
+    data = _HEADERS[RECORD] + body
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="at most"):
+            Record.decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
