@@ -70,6 +70,10 @@ MAX_LABEL = 1024  # characters of a label
 MAX_TAGS = 64  # tags of one checkpoint
 MAX_TAG = 256  # characters of one tag
 MAX_PARENTS = 256  # parents of one checkpoint
+# a checkpoint record's bytes, at most: its thread id (64 KiB of UTF-8), parents, label, tags,
+# metadata and reason at their bounds and an inline root come to ~230 KB; a reader refuses a
+# bigger record by its size, before decoding it (a hostile bundle's record included)
+MAX_RECORD_BYTES = 512 * 1024
 INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
 
 
@@ -358,6 +362,24 @@ def _check_fields(step: object, created: object, size: object, label: object, ta
                    "characters")
     if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
         raise _bad("metadata must be a map with string keys")
+    if meta and _too_deep(meta):
+        raise _bad(f"metadata must nest at most {MAX_META_DEPTH} levels of maps and lists")
+
+
+def _too_deep(meta: dict[str, Any]) -> bool:
+    """Whether ``meta`` nests more than ``MAX_META_DEPTH`` levels (what a save refuses): a
+    reader refuses it too, so nothing past the bound reaches code that compares, copies or
+    prints values recursively. Iterative; a flat dict costs one pass over its values."""
+    todo: list[tuple[Any, int]] = [(meta, 1)]
+    while todo:
+        value, depth = todo.pop()
+        items = value.values() if type(value) is dict else value
+        for item in items:
+            if type(item) is dict or type(item) is list:
+                if depth >= MAX_META_DEPTH:
+                    return True
+                todo.append((item, depth + 1))
+    return False
 
 
 def bad_text(text: str) -> str | None:
@@ -412,13 +434,17 @@ class Record:
             raise ValueError("root_node does not hash to root")
         else:
             root = self.root_node[5:]
-        return _pack(RECORD, [
+        data = _pack(RECORD, [
             self.thread_id,
             [_bin_id(p) for p in self.parents],
             root,
             *_described(self),
             *_annotated(self),
         ])
+        if len(data) > MAX_RECORD_BYTES:  # (the bounds on each field keep it far below)
+            raise ValueError(f"a checkpoint record of {len(data)} bytes is more than a reader "
+                             f"reads ({MAX_RECORD_BYTES})")
+        return data
 
     def entry(self, cid: CheckpointId) -> LogEntry:
         return LogEntry(cid, self.parents, self.step, self.created_at, self.size, self.label,
@@ -433,6 +459,9 @@ class Record:
 
     @staticmethod
     def decode(data: bytes | memoryview) -> Record:
+        if len(data) > MAX_RECORD_BYTES:
+            raise _bad(f"a checkpoint record is at most {MAX_RECORD_BYTES} bytes, this one is "
+                       f"{len(data)}")
         body = _unpack_body(data, RECORD)
         if not isinstance(body, list) or not 9 <= len(body) <= 12:
             raise _bad("checkpoint record must be a 9-item array (up to 12 with status, kind, "
