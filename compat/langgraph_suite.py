@@ -1,7 +1,7 @@
 """Run LangGraph's own checkpointer tests on CasSaver, beside InMemorySaver and SqliteSaver.
 
     python compat/langgraph_suite.py                      # every file that uses a checkpointer
-    python compat/langgraph_suite.py --subset ci          # the files CI runs (tests/test_lg_suite.py)
+    python compat/langgraph_suite.py --subset ci          # the files tests/test_lg_suite.py runs
     python compat/langgraph_suite.py --files test_interruption.py --backends cas_local
 
 It takes the ``tests/`` folder of the sdist of the *installed* langgraph (downloaded with

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (appended to LangGraph's tests/conftest.py, which defines pytest and the savers)
 # --- appended by cas_checkpoint's compat/langgraph_suite.py -------------------------------
 # LangGraph's checkpointer fixtures re-defined: the same savers as LangGraph's own conftest
 # (by name), plus CasSaver on a fresh local directory and on a unique memory:// name per test.
