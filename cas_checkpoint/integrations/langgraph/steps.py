@@ -26,6 +26,7 @@ from ...model import CheckpointInfo
 from ...objects import CheckpointId
 from ...ops import Step
 from .keys import _config, _key, _parse, _target
+from .meta import from_log, to_log
 
 RECENT = 16  # entries a put looks through for its parent before reading the whole log
 
@@ -83,7 +84,7 @@ class Steps:
         parent = get_checkpoint_id(config)
         name = _key(thread_id, ns)
         meta = {"lg": checkpoint["id"], "lgp": parent,
-                "m": get_serializable_checkpoint_metadata(config, metadata)}
+                "m": to_log(get_serializable_checkpoint_metadata(config, metadata))}
         parents: tuple[CheckpointId, ...] | None = None
         if parent is not None:  # LangGraph's parent, which need not be the head (time travel)
             found = yield from self._find(name, parent)
@@ -143,7 +144,7 @@ class Steps:
     def _tuple(thread_id: str, ns: str, info: CheckpointInfo, state: Any,
                writes: list[PendingWrite]) -> CheckpointTuple:
         lg, parent = info.metadata["lg"], info.metadata.get("lgp")
-        meta = cast(CheckpointMetadata, dict(info.metadata["m"]))
+        meta = cast(CheckpointMetadata, from_log(info.metadata["m"]))
         return CheckpointTuple(_config(thread_id, ns, lg), state, meta,
                                _config(thread_id, ns, parent) if parent else None, writes)
 
@@ -182,7 +183,7 @@ class Steps:
                 lg = str(info.metadata.get("lg"))
                 if (want_id and lg != want_id) or (before_id and lg >= before_id):
                     continue
-                meta = info.metadata.get("m") or {}
+                meta = from_log(info.metadata.get("m") or {})
                 if filter and not all(meta.get(k) == v for k, v in filter.items()):
                     continue
                 if limit is not None and len(out) + len(chosen) >= limit:
