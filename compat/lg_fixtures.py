@@ -8,7 +8,6 @@ import json as _cas_json
 import os as _cas_os
 import shutil as _cas_shutil
 import tempfile as _cas_tempfile
-import uuid as _cas_uuid
 from contextlib import contextmanager as _cas_cm
 
 _CAS_SYNC = ("memory", "memory_migrate_sends", "sqlite", "sqlite_aes", "cas_local", "cas_memory")
@@ -31,7 +30,7 @@ def _cas_saver(kind):
     else:
         import fsspec
 
-        root = f"lgsuite-{_cas_uuid.uuid4().hex}"
+        root = f"lgsuite-{_cas_os.urandom(8).hex()}"  # (tests patch uuid.uuid4)
         try:
             yield CasSaver.from_url(f"memory://{root}")
         finally:

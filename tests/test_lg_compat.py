@@ -3,8 +3,6 @@ round-trips (metadata tuples, str subclasses, node errors, other savers' channel
 the classes of a graph's own schemas), and prune does what LangGraph documents. Each test runs
 on a local folder and on memory://."""
 
-from __future__ import annotations
-
 import operator
 import uuid
 from pathlib import Path
@@ -82,3 +80,131 @@ def test_metadata_a_reader_refuses_is_refused_on_put(url: str) -> None:
         assert "metadata" in str(info.value)
     assert saver.get_tuple(_config()) is None  # nothing was written
     assert list(saver.list(None)) == []
+
+
+# --- B: str subclasses (langchain-core's TextAccessor) -------------------------------------
+
+
+class AnyOut(TypedDict, total=False):
+    result: Any
+    count: Annotated[int, operator.add]
+
+
+def _one_node(saver: CasSaver, fn: Any, **compile_kw: Any) -> Any:
+    builder = StateGraph(AnyOut)
+    builder.add_node("node", fn)
+    builder.add_edge(START, "node")
+    return builder.compile(checkpointer=saver, **compile_kw)
+
+
+def test_a_str_subclass_is_stored_as_str(url: str) -> None:
+    text = AIMessage("the answer").text
+    assert type(text) is not str and isinstance(text, str)  # langchain-core's TextAccessor
+    graph = _one_node(CasSaver.from_url(url), lambda s: {"result": text, "count": 1})
+    config = {"configurable": {"thread_id": "b"}}
+    assert graph.invoke({"count": 0}, config)["result"] == "the answer"
+    got = _one_node(CasSaver.from_url(url), lambda s: {}).get_state(config).values["result"]
+    assert got == "the answer" and type(got) is str
+
+
+# --- D: a node's error, as LangGraph's serializer stores it ---------------------------------
+
+
+class Loud(Exception):
+    def __repr__(self) -> str:  # never called by the saver
+        raise AssertionError("the error's own __repr__ ran")
+
+
+@pytest.mark.parametrize("error, text", [
+    (ValueError("Input is too large"), "ValueError('Input is too large')"),
+    (Loud("boom", 3, None), "Loud('boom', 3, None)"),
+    (KeyError(object()), "KeyError(<object>)"),
+    (RuntimeError(), "RuntimeError()"),
+])
+def test_a_node_error_is_stored_as_its_text(url: str, error: Exception, text: str) -> None:
+    def fail(state: Any) -> Any:
+        raise error
+
+    saver = CasSaver.from_url(url)
+    graph = _one_node(saver, fail)
+    config = {"configurable": {"thread_id": "d"}}
+    with pytest.raises(type(error)):
+        graph.invoke({"count": 0}, config)
+    fresh = CasSaver.from_url(url)
+    tup = fresh.get_tuple(config)
+    assert tup is not None
+    assert [(w[1], w[2]) for w in tup.pending_writes] == [("__error__", text)]
+    assert _one_node(fresh, fail).get_state(config).tasks[0].error == text
+
+
+# --- E: classes nobody registered -----------------------------------------------------------
+
+
+def test_a_graph_schema_class_defined_in_a_function_comes_back_as_itself(url: str) -> None:
+    from pydantic import BaseModel
+
+    class Inner(BaseModel):
+        n: int
+
+    class State(BaseModel):
+        items: list[Inner] = []
+        note: str = ""
+
+    def build(saver: CasSaver) -> Any:
+        builder = StateGraph(State)
+        builder.add_node("add", lambda s: {"items": [*s.items, Inner(n=len(s.items))]})
+        builder.add_edge(START, "add")
+        return builder.compile(checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "e"}}
+    for unregistered in ("data", "raise"):  # schema classes need no configuration in either
+        thread = {"configurable": {"thread_id": f"e-{unregistered}"}}
+        build(CasSaver.from_url(url, unregistered=unregistered)).invoke(State(), thread)
+        fresh = build(CasSaver.from_url(url, unregistered=unregistered))
+        items = fresh.get_state(thread).values["items"]
+        assert items == [Inner(n=0)] and type(items[0]) is Inner
+    # a saver that never saw the graph reads the data (as LangGraph's strict mode does)
+    build(CasSaver.from_url(url)).invoke(State(), config)
+    tup = CasSaver.from_url(url).get_tuple(config)
+    assert tup is not None and tup.checkpoint["channel_values"]["items"] == [{"n": 0}]
+
+
+def test_a_class_outside_the_schemas_is_stored_as_data(url: str) -> None:
+    from dataclasses import dataclass
+
+    @dataclass
+    class Decision:
+        ok: bool
+
+    graph = _one_node(CasSaver.from_url(url), lambda s: {"result": Decision(ok=True)})
+    config = {"configurable": {"thread_id": "data"}}
+    assert graph.invoke({"count": 0}, config)["result"] == Decision(ok=True)
+    assert graph.get_state(config).values["result"] == {"ok": True}  # not rebuilt
+    typed = _one_node(CasSaver.from_url(url, types=[Decision]), lambda s: {})
+    assert typed.get_state(config).values["result"] == Decision(ok=True)
+    strict = _one_node(CasSaver.from_url(url, unregistered="raise"),
+                       lambda s: {"result": Decision(ok=True)})
+    with pytest.raises(CasError) as info:
+        strict.invoke({"count": 0}, {"configurable": {"thread_id": "refused"}})
+    assert "types=[Decision]" in str(info.value)
+
+
+def test_a_stored_class_name_is_never_imported(url: str) -> None:
+    import sys
+
+    from cas_checkpoint.extypes import ObjectData
+
+    saver = CasSaver.from_url(url)
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"x": ObjectData("cas_never_imported_mod.Evil", {"a": 1})}
+    saver.put(_config(), cp, {"source": "loop"}, {})
+    tup = CasSaver.from_url(url).get_tuple(_config())
+    assert tup is not None and tup.checkpoint["channel_values"]["x"] == {"a": 1}
+    assert "cas_never_imported_mod" not in sys.modules
+
+
+def test_an_object_of_no_storable_kind_is_refused_naming_where(url: str) -> None:
+    graph = _one_node(CasSaver.from_url(url), lambda s: {"result": lambda: 1})
+    with pytest.raises(CasError) as info:
+        graph.invoke({"count": 0}, {"configurable": {"thread_id": "fn"}})
+    assert "function" in str(info.value)

@@ -18,10 +18,15 @@ How LangGraph's model maps onto the store (``pip install 'cas_checkpoint[langgra
   write ``(task_id, idx)`` keeps its first value and a special one (``__error__``,
   ``__interrupt__``, ``__resume__``, ``__scheduled__``) its last, returned in ``writes_sort_key``
   order, as LangGraph's own savers do.
-* values are encoded by cas_checkpoint's codec, never by pickle: only LangChain messages and
-  documents, LangGraph's ``Send``/``Command``/``Interrupt``/``Overwrite``, the codec's own safe
-  types, the ``types=`` you pass and those LangGraph names through ``with_allowlist`` are ever
-  constructed; anything else is a ``SerializationError`` on save and a ``FormatError`` on load.
+* values are encoded by cas_checkpoint's codec, never by pickle, and nothing is imported by a
+  name read from storage: only LangChain messages and documents, LangGraph's
+  ``Send``/``Command``/``Interrupt``/``Overwrite``, the codec's own safe types, the ``types=`` you
+  pass, those LangGraph names through ``with_allowlist`` and the classes of the calling graph's
+  own schemas (``schemas``) are ever constructed. What LangGraph's serializer stores beyond
+  those is stored as it stores it (``registry.stand_in``): a node's error as its text, a str
+  subclass as a str, a dataclass, pydantic model or enum of another class as its data, which
+  comes back as that data (as in LangGraph's strict mode; ``unregistered="raise"`` refuses it
+  instead). Any other object is a ``SerializationError`` on put.
 * two processes writing one thread both land (compare-and-swap), each checkpoint with the parent
   LangGraph gave it.
 

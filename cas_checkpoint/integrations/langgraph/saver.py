@@ -28,7 +28,8 @@ from ...errors import InvalidArgumentError
 from ...ops import Step, arun, run
 from ...store import CheckpointStore
 from .keys import _key, _target
-from .registry import _register_any, default_types
+from .registry import _register_any, saver_registry, set_hooks
+from .schemas import Learned
 from .steps import RECENT
 from .walks import Walks
 
@@ -40,21 +41,32 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     """A LangGraph checkpointer storing into a cas_checkpoint store (see the module docs)."""
 
     def __init__(self, store: CheckpointStore, *, types: Iterable[type] = (),
-                 conflicts: str = "keep") -> None:
+                 conflicts: str = "keep", unregistered: str = "data") -> None:
         """``conflicts="keep"`` (the default): when two writers put checkpoints on one thread,
         both are kept, each with the parent LangGraph gave it. ``"raise"``: a put whose parent
         is not the thread's latest checkpoint raises ``ConflictError`` (checked inside the
         compare-and-swap), so a second writer of a thread fails instead of branching it; in
         this mode replaying from a past checkpoint raises too (fork into a new thread with
-        ``copy_thread`` instead)."""
+        ``copy_thread`` instead).
+
+        ``unregistered="data"`` (the default, as LangGraph's strict mode): a dataclass, pydantic
+        model or enum member whose class this saver was not given (``types=``, LangGraph's
+        ``with_allowlist``, the calling graph's own schemas) is stored as its data and comes
+        back as that data (a dict; a warning names the ``types=`` fix). ``"raise"``: it is
+        refused on put (``SerializationError``) and on load (``FormatError``)."""
         super().__init__()
+        if unregistered not in ("data", "raise"):
+            raise InvalidArgumentError("unregistered must be 'data' or 'raise', not "
+                                       f"{unregistered!r}")
+        self.unregistered = unregistered
+        self._learned = Learned()
         if conflicts not in ("keep", "raise"):
             raise InvalidArgumentError(f"conflicts must be 'keep' or 'raise', not {conflicts!r}")
         self.conflicts = conflicts
         if not isinstance(store, CheckpointStore):
             raise InvalidArgumentError("CasSaver needs a cas_checkpoint.CheckpointStore; use "
                                        "CasSaver.from_url(url) to open one")
-        reg = default_types()
+        reg = saver_registry(objects=unregistered == "data")
         for cls in store.types._by_class:
             _register_any(reg, cls)
         for cls in types:
@@ -68,11 +80,11 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     @classmethod
     def from_url(cls, url: str, *, storage_options: Mapping[str, Any] | None = None,
                  types: Iterable[type] = (), conflicts: str = "keep",
-                 **open_kw: Any) -> CasSaver:
+                 unregistered: str = "data", **open_kw: Any) -> CasSaver:
         """Open (creating if needed) the store at ``url`` (a path, ``memory://``, ``s3://``;
         ``open_kw`` as for ``CheckpointStore.open``) and a saver over it."""
         return cls(CheckpointStore.open(url, storage_options=storage_options, **open_kw),
-                   types=types, conflicts=conflicts)
+                   types=types, conflicts=conflicts, unregistered=unregistered)
 
     # --- drivers -----------------------------------------------------------------------------
 
@@ -107,6 +119,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         LangGraph derives from a graph's state schema). Only classes already imported are
         resolved (nothing is imported by name), and only of the kinds the codec stores."""
         reg = TypeRegistry()
+        set_hooks(reg, objects=self.unregistered == "data")
         for cls, entry in self._core.types._by_class.items():
             reg.register(cls, entry.name, to_data=entry.to_data, from_data=entry.from_data)
         added = 0
@@ -122,7 +135,14 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             return self
         clone = copy.copy(self)
         clone._core = Core(self._core.backend, reg, None)
+        clone._core.objects.wanted = self._core.objects.wanted
         return clone
+
+    def _learn(self) -> None:
+        """Register the classes of the calling graph's schemas (see ``schemas``)."""
+        for cls in self._learned.new_classes():
+            if cls not in self._core.types:
+                _register_any(self._core.types, cls)
 
     # --- the sync face -----------------------------------------------------------------------
 
@@ -137,11 +157,13 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             self._run(self._put_writes(config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._learn()
         return self._run(self._get_tuple(config))  # type: ignore[no-any-return]
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
              ) -> Iterator[CheckpointTuple]:
+        self._learn()
         yield from self._run(self._list(config, filter, before, limit))
 
     def delete_thread(self, thread_id: str) -> None:
@@ -158,6 +180,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
 
     def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
                                   ) -> Mapping[str, DeltaChannelHistory]:
+        self._learn()
         return self._run(self._delta_history(config, channels))  # type: ignore[no-any-return]
 
     # --- the async face ----------------------------------------------------------------------
@@ -186,11 +209,13 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             await self._arun(self._put_writes(config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._learn()
         return await self._arun(self._get_tuple(config))  # type: ignore[no-any-return]
 
     async def alist(self, config: RunnableConfig | None, *,
                     filter: dict[str, Any] | None = None, before: RunnableConfig | None = None,
                     limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        self._learn()
         for item in await self._arun(self._list(config, filter, before, limit)):
             yield item
 
@@ -209,4 +234,5 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     async def aget_delta_channel_history(self, *, config: RunnableConfig,
                                          channels: Sequence[str]
                                          ) -> Mapping[str, DeltaChannelHistory]:
+        self._learn()
         return await self._arun(self._delta_history(config, channels))  # type: ignore[no-any-return]
