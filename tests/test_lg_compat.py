@@ -208,3 +208,80 @@ def test_an_object_of_no_storable_kind_is_refused_naming_where(url: str) -> None
     with pytest.raises(CasError) as info:
         graph.invoke({"count": 0}, {"configurable": {"thread_id": "fn"}})
     assert "function" in str(info.value)
+
+
+# --- C: threads whose channel versions another saver wrote ----------------------------------
+
+
+class Steps(TypedDict, total=False):
+    value: Annotated[int, operator.add]
+    trail: Annotated[list, operator.add]
+
+
+def _steps_graph(saver: Any) -> Any:
+    builder = StateGraph(Steps)
+    builder.add_node("a", lambda s: {"value": 1, "trail": ["a"]})
+    builder.add_node("b", lambda s: {"value": 10, "trail": ["b"]})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    return builder.compile(checkpointer=saver, interrupt_before=["b"])
+
+
+def _copy_thread(source: Any, target: CasSaver, thread: str) -> None:
+    """Every checkpoint and pending write of ``thread``, oldest first, through the public
+    saver API only."""
+    for tup in reversed(list(source.list({"configurable": {"thread_id": thread}}))):
+        ns = tup.config["configurable"]["checkpoint_ns"]
+        parent = tup.parent_config or {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+        target.put(parent, tup.checkpoint, tup.metadata, tup.checkpoint["channel_versions"])
+        by_task: dict[str, list[tuple[str, Any]]] = {}
+        for task_id, channel, value in tup.pending_writes or []:
+            by_task.setdefault(task_id, []).append((channel, value))
+        for task_id, writes in by_task.items():
+            target.put_writes(tup.config, writes, task_id)
+
+
+def _other_savers() -> list[Any]:
+    import sqlite3
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    return [InMemorySaver(), SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))]
+
+
+@pytest.mark.parametrize("source", range(2), ids=["InMemorySaver", "SqliteSaver"])
+def test_a_thread_from_another_saver_resumes(url: str, source: int) -> None:
+    other = _other_savers()[source]
+    config = {"configurable": {"thread_id": "moved"}}
+    _steps_graph(other).invoke({"value": 0, "trail": []}, config)  # stops before b
+    before = other.get_tuple(config)
+    assert before is not None
+    versions = before.checkpoint["channel_versions"]
+    assert versions and all(type(v) is str for v in versions.values())  # "000...02.0.123"
+    saver = CasSaver.from_url(url)
+    _copy_thread(other, saver, "moved")
+    graph = _steps_graph(saver)
+    assert graph.get_state(config).next == ("b",)
+    assert graph.invoke(None, config) == {"value": 11, "trail": ["a", "b"]}
+    after = saver.get_tuple(config)
+    assert after is not None
+    new = after.checkpoint["channel_versions"]
+    assert all(type(v) is str and len(v.split(".")[0]) == 32 for v in new.values())
+    assert max(new.values()) > max(versions.values())  # numbering continues
+    assert new["value"] > versions["value"]
+
+
+def test_versions_of_each_format_increase() -> None:
+    saver = CasSaver.from_url(f"memory://lgcompat-{uuid.uuid4().hex}")
+    assert saver.get_next_version(None, None) == 1
+    assert saver.get_next_version(7, None) == 8  # this saver's own
+    assert saver.get_next_version(2.0, None) == 3.0
+    for other in _other_savers():  # what they write, continued
+        v = other.get_next_version(other.get_next_version(None, None), None)
+        nxt = saver.get_next_version(v, None)
+        assert type(nxt) is str and nxt > v and nxt.split(".")[0] == f"{3:032}"
+        assert other.get_next_version(nxt, None) > nxt  # and they can continue ours
+    with pytest.raises(CasError) as info:
+        saver.get_next_version("v2", None)
+    assert "channel version" in str(info.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import random
 import sys
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -137,6 +138,22 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone._core = Core(self._core.backend, reg, None)
         clone._core.objects.wanted = self._core.objects.wanted
         return clone
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        """The next version of a channel: an int after an int (this saver's own), and after a
+        str in the format LangGraph's other savers write (InMemorySaver, SqliteSaver,
+        PostgresSaver: ``"<32-digit counter>.<random fraction>"``) the next one in that format,
+        so a thread copied from one of them resumes and its versions keep increasing."""
+        if isinstance(current, str):
+            head = current.split(".", 1)[0]
+            if not (head.isascii() and head.isdigit()):
+                raise InvalidArgumentError(
+                    f"channel version {current[:80]!r} is not an int nor a str that starts "
+                    "with a counter (as InMemorySaver, SqliteSaver and PostgresSaver write, "
+                    "e.g. '00000000000000000000000000000002.0.5'); copy the thread with its "
+                    "versions as that saver wrote them")
+            return f"{int(head) + 1:032}.{random.random():016}"
+        return super().get_next_version(current, channel)
 
     def _learn(self) -> None:
         """Register the classes of the calling graph's schemas (see ``schemas``)."""
