@@ -285,3 +285,130 @@ def test_versions_of_each_format_increase() -> None:
     with pytest.raises(CasError) as info:
         saver.get_next_version("v2", None)
     assert "channel version" in str(info.value)
+
+
+# --- prune: LangGraph's strategies, per namespace --------------------------------------------
+
+
+def _agent(saver: CasSaver) -> Any:
+    """A tool-calling agent: the model asks for two tools (one answered inside a subgraph
+    with its own checkpointer), then a human approves with interrupt()."""
+    from langchain_core.messages import ToolMessage
+    from langgraph.graph import END, MessagesState
+    from langgraph.types import interrupt
+
+    def tool_node(state: MessagesState) -> Any:
+        call = state["messages"][-1].tool_calls[0]
+        return {"messages": [ToolMessage(f"result {call['args']['n']}", tool_call_id=call["id"],
+                                         id=f"t{call['args']['n']}")]}
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("run", tool_node)
+    sub.add_edge(START, "run")
+    tools = sub.compile(checkpointer=True)  # keeps its own namespace's checkpoints
+
+    def model(state: MessagesState) -> Any:
+        n = sum(1 for m in state["messages"] if m.type == "tool")
+        if n < 2:
+            return {"messages": [AIMessage("", id=f"ai{n}", tool_calls=[
+                {"name": "search", "args": {"n": n}, "id": f"call{n}"}])]}
+        return {"messages": [AIMessage("done", id="final")]}
+
+    def approve(state: MessagesState) -> Any:
+        answer = interrupt("approve?")
+        return {"messages": [HumanMessage(str(answer), id="approval")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_node("approve", approve)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges(
+        "model", lambda s: "tools" if s["messages"][-1].tool_calls else "approve")
+    builder.add_edge("tools", "model")
+    builder.add_edge("approve", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _namespaces(saver: CasSaver, thread: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for tup in saver.list({"configurable": {"thread_id": thread}}):
+        ns = tup.config["configurable"]["checkpoint_ns"]
+        counts[ns] = counts.get(ns, 0) + 1
+    return counts
+
+
+def test_keep_latest_keeps_one_checkpoint_per_namespace_and_the_thread_resumes(url: str) -> None:
+    from langgraph.types import Command
+
+    saver = CasSaver.from_url(url)
+    graph = _agent(saver)
+    for thread in ("pruned", "twin"):
+        graph.invoke({"messages": [HumanMessage("go", id="h")]},
+                     {"configurable": {"thread_id": thread}})
+    pruned = {"configurable": {"thread_id": "pruned"}}
+    before = graph.get_state(pruned)
+    assert before.interrupts and before.next == ("approve",)  # a pending interrupt write
+    counts = _namespaces(saver, "pruned")
+    assert len(counts) >= 2 and counts[""] > 5  # the root and the subgraph's namespace
+    saver.prune(["pruned"], strategy="keep_latest")
+    assert _namespaces(saver, "pruned") == {ns: 1 for ns in counts}
+    assert _namespaces(saver, "twin") == counts  # other threads untouched
+    fresh = _agent(CasSaver.from_url(url))
+    after = fresh.get_state(pruned)
+    assert after.values == before.values and after.next == before.next
+    assert after.interrupts == before.interrupts and after.parent_config is None
+    done = fresh.invoke(Command(resume="yes"), pruned)
+    twin = fresh.invoke(Command(resume="yes"), {"configurable": {"thread_id": "twin"}})
+    assert done == twin and done["messages"][-1].content == "yes"
+
+
+def test_keep_latest_on_a_one_node_graph_keeps_one(url: str) -> None:
+    saver = CasSaver.from_url(url)
+    graph = _one_node(saver, lambda s: {"result": "x", "count": 1})
+    config = {"configurable": {"thread_id": "one"}}
+    for _ in range(3):
+        graph.invoke({"count": 0}, config)
+    assert _namespaces(saver, "one") == {"": 9}
+    values = graph.get_state(config).values
+    saver.prune(["one"])
+    assert _namespaces(saver, "one") == {"": 1}
+    assert graph.get_state(config).values == values
+
+
+def test_keep_latest_keeps_a_delta_channel_rebuildable(url: str) -> None:
+    saver = CasSaver.from_url(url)
+    builder = StateGraph(DeltaState)
+    builder.add_node("model", lambda s: {"messages": [AIMessage("hi", id=f"a{s['count']}")],
+                                         "count": 1})
+    builder.add_edge(START, "model")
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "delta"}}
+    for n in range(5):
+        graph.invoke({"messages": [HumanMessage("q", id=f"h{n}")], "count": 0}, config)
+    values = graph.get_state(config).values
+    total = _namespaces(saver, "delta")[""]
+    saver.prune(["delta"])
+    kept = _namespaces(saver, "delta")[""]
+    assert 1 <= kept < total
+    fresh = builder.compile(checkpointer=CasSaver.from_url(url)).get_state(config)
+    assert fresh.values == values and len(values["messages"]) == 10
+
+
+def test_aprune_and_delete(url: str) -> None:
+    import asyncio
+
+    saver = CasSaver.from_url(url)
+    graph = _one_node(saver, lambda s: {"result": "x", "count": 1})
+
+    async def main() -> None:
+        for thread in ("a", "b"):
+            await graph.ainvoke({"count": 0}, {"configurable": {"thread_id": thread}})
+        await saver.aprune(["a"], strategy="keep_latest")
+        assert _namespaces(saver, "a") == {"": 1}
+        await saver.aprune(["a", "b"], strategy="delete")
+
+    asyncio.run(main())
+    assert list(saver.list(None)) == []
+    with pytest.raises(CasError):
+        saver.prune(["a"], strategy="keep_first")

@@ -142,8 +142,12 @@ class Steps:
 
     @staticmethod
     def _tuple(thread_id: str, ns: str, info: CheckpointInfo, state: Any,
-               writes: list[PendingWrite]) -> CheckpointTuple:
+               writes: list[PendingWrite], known: set[Any]) -> CheckpointTuple:
+        """LangGraph's tuple of a checkpoint; one whose parent is no longer among the
+        namespace's checkpoints (``known``: prune, delete_for_runs) has no parent."""
         lg, parent = info.metadata["lg"], info.metadata.get("lgp")
+        if parent not in known:
+            parent = None
         meta = cast(CheckpointMetadata, from_log(info.metadata["m"]))
         return CheckpointTuple(_config(thread_id, ns, lg), state, meta,
                                _config(thread_id, ns, parent) if parent else None, writes)
@@ -162,7 +166,8 @@ class Steps:
         lg = str(info.metadata["lg"])
         writes = yield from self._writes(thread_id, ns, {lg}, every)
         loaded = yield from self._core.load_many(_key(thread_id, ns), [info.id])
-        return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []))
+        return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []),
+                           {e.metadata.get("lg") for e in entries})
 
     def _list(self, config: RunnableConfig | None, filter: dict[str, Any] | None,
               before: RunnableConfig | None, limit: int | None) -> Step[list[CheckpointTuple]]:
@@ -194,8 +199,10 @@ class Steps:
             writes = yield from self._writes(thread_id, ns,
                                              {str(i.metadata["lg"]) for i in chosen}, every)
             loaded = yield from self._core.load_many(_key(thread_id, ns), [i.id for i in chosen])
+            known = {e.metadata.get("lg") for e in entries}
             out += [self._tuple(thread_id, ns, info, loaded[info.id].state,
-                                writes.get(str(info.metadata["lg"]), [])) for info in chosen]
+                                writes.get(str(info.metadata["lg"]), []), known)
+                    for info in chosen]
             if limit is not None and len(out) >= limit:
                 break
         return out

@@ -13,6 +13,7 @@ from ...errors import InvalidArgumentError, NotFoundError
 from ...objects import CheckpointId
 from ...ops import Step
 from .keys import _key, _target
+from .meta import from_log
 from .steps import RECENT, Steps
 
 
@@ -59,26 +60,27 @@ class Walks(Steps):
                 yield from self._retain(str(thread_id), ns, keep)
 
     def _needed(self, thread_id: str, ns: str) -> Step[set[str]]:
-        """The latest checkpoint, and the ancestors it needs: while a channel it versions has
-        no value in it (a DeltaChannel between snapshots), walk up to the nearest ancestor that
-        holds one."""
+        """What ``keep_latest`` keeps of a namespace: its latest checkpoint (the one get_tuple
+        loads) and, when the graph has DeltaChannels (the keys of the checkpoint's
+        ``counters_since_delta_snapshot``), the ancestors down to the nearest one holding a
+        value (a snapshot) of each, so the kept state rebuilds as it was."""
         name = _key(thread_id, ns)
         entries = yield from self._entries(name)
         by_lg = {str(e.metadata.get("lg")): e for e in entries}
         if not by_lg:
             return set()
-        latest = by_lg[max(by_lg)]
-        cp = yield from self._core.load(name, latest.id)
-        missing = set(cp.state.get("channel_versions", {})) - set(cp.state.get(
-            "channel_values", {}))
-        keep = {str(latest.metadata["lg"])}
-        parent = latest.metadata.get("lgp")
-        while missing and parent in by_lg and parent not in keep:
-            keep.add(parent)
-            info = by_lg[parent]
+        info = by_lg[max(by_lg)]
+        keep = {str(info.metadata["lg"])}
+        meta = from_log(info.metadata.get("m") or {})
+        missing = set(meta.get("counters_since_delta_snapshot") or ())
+        while missing:
             state = (yield from self._core.load(name, info.id)).state
             missing -= set(state.get("channel_values", {}))
             parent = info.metadata.get("lgp")
+            if not missing or parent not in by_lg or parent in keep:
+                break
+            keep.add(parent)
+            info = by_lg[parent]
         return keep
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Step[None]:
