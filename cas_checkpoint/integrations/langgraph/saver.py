@@ -137,6 +137,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone = copy.copy(self)
         clone._core = Core(self._core.backend, reg, None)
         clone._core.objects.wanted = self._core.objects.wanted
+        clone._learned = Learned()  # its registry learns the graphs it is called from
         return clone
 
     def get_next_version(self, current: Any, channel: None) -> Any:
