@@ -83,6 +83,7 @@ from .extypes import (
     _UUID,
     _ZONE_KEY_RE,
     MAX_EXT_DEPTH,
+    ObjectData,
     TypeRegistry,
     _brief,
     _kind_of,
@@ -96,6 +97,10 @@ __all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode", "
            "encode_view"]
 
 # ----------------------------------------------------------------------------- encoding
+
+
+_STAND_IN = -1  # (not a stored code) _reduce's payload is stored in the value's place
+_NATIVE = frozenset({type(None), bool, float, str, bytes, list, dict})
 
 
 class _Unsupported(Exception):
@@ -170,8 +175,14 @@ def _reduce(obj: Any, reg: TypeRegistry) -> tuple[int, Any]:
     if t is Ref or t is Span:  # reserved for the links between nodes: see encode_link
         raise _Unsupported(f"a {t.__name__} placeholder", "it is reserved for the links between "
                            "cas_checkpoint's own state nodes; keep it out of the state")
+    if t is ObjectData:
+        return _OBJECT, [obj.name, obj.data]
     entry = reg._by_class.get(t)
     if entry is None:
+        if reg.stand_in is not None and (got := reg.stand_in(obj)) is not NotImplemented:
+            if type(got) is t:
+                raise _Unsupported(f"a {_qualname(t)}", "its stand-in is of its own type")
+            return _STAND_IN, got
         raise _refuse(obj)
     if entry.kind == _ENUM:
         return _OBJECT, [entry.name, obj.value]
@@ -222,8 +233,15 @@ class _Encoder:
         buf: memoryview = packer.getbuffer()
         return buf
 
-    def default(self, obj: Any) -> msgpack.ExtType:  # only called for non-native values
+    def default(self, obj: Any) -> Any:  # only called for non-native values: an ExtType
         code, payload = _reduce(obj, self.reg)
+        if code == _STAND_IN:  # packed in the value's place (msgpack asks us only once)
+            t = type(payload)
+            if t in _NATIVE or (t is int and -(1 << 63) <= payload < 1 << 64):
+                return payload
+            code, payload = _reduce(payload, self.reg)
+            if code == _STAND_IN:
+                raise ValueError("a stand-in of a stand-in")
         if code in _RAW_CODES:
             return msgpack.ExtType(code, payload)
         if self.depth >= MAX_EXT_DEPTH:
@@ -282,6 +300,8 @@ def _find_error(value: object, reg: TypeRegistry) -> SerializationError | None:
             except Exception as exc:
                 what, advice = f"the {_qualname(t)}", f"reading it raised {_brief(exc)}"
                 raise _Unsupported(what, advice) from exc
+            if code == _STAND_IN:
+                return visit(payload, path, depth, ext)
             if code in _RAW_CODES:
                 return
             if ext >= MAX_EXT_DEPTH:

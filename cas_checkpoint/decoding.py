@@ -226,6 +226,8 @@ class _Decoder:
         if self.objects is not None:  # the caller looks at the stored data: nothing is built
             return self.objects(name, state)
         cls = self.reg._by_name.get(name)
+        if cls is None and self.reg.unknown is not None:
+            return self.reg.unknown(name, state)
         if cls is None:
             short = _render(name.rsplit(".", 1)[-1])[1:-1]
             raise FormatError(

@@ -72,11 +72,19 @@ class TypeRegistry:
     Only classes registered here are ever constructed on decode; nothing is imported by name.
     """
 
-    __slots__ = ("_by_class", "_by_name")
+    __slots__ = ("_by_class", "_by_name", "stand_in", "unknown")
 
     def __init__(self, types: Iterable[type] = ()) -> None:
         self._by_name: dict[str, type] = {}
         self._by_class: dict[type, _Entry] = {}
+        # Two hooks for an integration that must store what another serializer stores
+        # (CasSaver, for LangGraph): ``stand_in(obj)`` gives what to store instead of a value of
+        # a class that is not registered (a plain value, or an ObjectData), or NotImplemented
+        # to refuse it; ``unknown(name, data)`` gives what a load returns for a stored object
+        # whose class is not registered (without it: a FormatError). Neither is ever given a
+        # class named by stored bytes.
+        self.stand_in: Callable[[Any], Any] | None = None
+        self.unknown: Callable[[str, Any], Any] | None = None
         for cls in types:
             self.register(cls)
 
@@ -115,6 +123,15 @@ class TypeRegistry:
 
     def __contains__(self, cls: object) -> bool:
         return isinstance(cls, type) and cls in self._by_class
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectData:
+    """What a ``stand_in`` hook stores for an object: stored as a registered class's object
+    (``name``, ``data``), so a registry that has the class rebuilds it."""
+
+    name: str
+    data: Any
 
 
 _NO_TYPES: Final = TypeRegistry()

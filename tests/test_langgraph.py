@@ -53,8 +53,9 @@ class Where:
     url: str
     storage_options: dict[str, Any] | None = None
 
-    def open(self, types: tuple[type, ...] = ()) -> CasSaver:
-        return CasSaver.from_url(self.url, storage_options=self.storage_options, types=types)
+    def open(self, types: tuple[type, ...] = (), **kw: Any) -> CasSaver:
+        return CasSaver.from_url(self.url, storage_options=self.storage_options, types=types,
+                                 **kw)
 
 
 def make_where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Where:
@@ -605,9 +606,10 @@ def no_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
 def test_unregistered_type_is_refused_on_save(where: Where, no_pickle: None,
                                               durability: str) -> None:
-    """A user dataclass nobody registered: the save raises a cas_checkpoint error (whether
-    LangGraph saves inline, in the background or at exit); nothing comes back as a dict."""
-    graph = holder_graph(where.open(), Point(1, 2))
+    """A user dataclass nobody registered, with ``unregistered="raise"``: the save raises a
+    cas_checkpoint error (whether LangGraph saves inline, in the background or at exit);
+    nothing comes back as a dict. (The default stores it as data: tests/test_lg_compat.py.)"""
+    graph = holder_graph(where.open(unregistered="raise"), Point(1, 2))
     with pytest.raises(CasError) as err:
         graph.invoke({"log": []}, cfg("unreg"), durability=durability)
     assert "Point" in str(err.value)
@@ -617,10 +619,10 @@ def test_unregistered_type_is_refused_on_save(where: Where, no_pickle: None,
 
 def test_unregistered_type_is_refused_on_load(where: Where, no_pickle: None) -> None:
     """Saved by a saver that registered the class, read by one that did not: a cas_checkpoint
-    error on load, never a silent dict or a constructed object."""
+    error on load with ``unregistered="raise"``, never a silent dict or a constructed object."""
     graph = holder_graph(where.open(types=(Point,)), Point(1, 2))
     graph.invoke({"log": []}, cfg("unreg-load"))
-    plain = holder_graph(where.open(), Point(1, 2))
+    plain = holder_graph(where.open(unregistered="raise"), Point(1, 2))
     with pytest.raises(CasError) as err:
         plain.get_state(cfg("unreg-load"))
     assert "Point" in str(err.value)

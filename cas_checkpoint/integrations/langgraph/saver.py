@@ -1,0 +1,256 @@
+"""``CasSaver``: the LangGraph checkpointer, its drivers and its sync and async faces (see
+the package's docs)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+import sys
+import weakref
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+
+from ...backends import Backend, open_backend_async
+from ...codec import TypeRegistry
+from ...core import Core
+from ...errors import InvalidArgumentError
+from ...ops import Step, arun, run
+from ...store import CheckpointStore
+from .keys import _key, _target
+from .registry import _register_any, saver_registry, set_hooks
+from .schemas import Learned
+from .steps import RECENT
+from .walks import Walks
+
+log = logging.getLogger("cas_checkpoint")
+__all__ = ["RECENT", "CasSaver"]
+
+
+class CasSaver(Walks, BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer storing into a cas_checkpoint store (see the module docs)."""
+
+    def __init__(self, store: CheckpointStore, *, types: Iterable[type] = (),
+                 conflicts: str = "keep", unregistered: str = "data") -> None:
+        """``conflicts="keep"`` (the default): when two writers put checkpoints on one thread,
+        both are kept, each with the parent LangGraph gave it. ``"raise"``: a put whose parent
+        is not the thread's latest checkpoint raises ``ConflictError`` (checked inside the
+        compare-and-swap), so a second writer of a thread fails instead of branching it; in
+        this mode replaying from a past checkpoint raises too (fork into a new thread with
+        ``copy_thread`` instead).
+
+        ``unregistered="data"`` (the default, as LangGraph's strict mode): a dataclass, pydantic
+        model or enum member whose class this saver was not given (``types=``, LangGraph's
+        ``with_allowlist``, the calling graph's own schemas) is stored as its data and comes
+        back as that data (a dict; a warning names the ``types=`` fix). ``"raise"``: it is
+        refused on put (``SerializationError``) and on load (``FormatError``)."""
+        super().__init__()
+        if unregistered not in ("data", "raise"):
+            raise InvalidArgumentError("unregistered must be 'data' or 'raise', not "
+                                       f"{unregistered!r}")
+        self.unregistered = unregistered
+        self._learned = Learned()
+        if conflicts not in ("keep", "raise"):
+            raise InvalidArgumentError(f"conflicts must be 'keep' or 'raise', not {conflicts!r}")
+        self.conflicts = conflicts
+        if not isinstance(store, CheckpointStore):
+            raise InvalidArgumentError("CasSaver needs a cas_checkpoint.CheckpointStore; use "
+                                       "CasSaver.from_url(url) to open one")
+        reg = saver_registry(objects=unregistered == "data")
+        for cls in store.types._by_class:
+            _register_any(reg, cls)
+        for cls in types:
+            reg.register(cls)
+        self.store = store
+        self._core = Core(store.backend, reg, None)
+        self._core.objects.wanted = store._core.objects.wanted  # the store's compression
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
+            weakref.WeakKeyDictionary())
+
+    @classmethod
+    def from_url(cls, url: str, *, storage_options: Mapping[str, Any] | None = None,
+                 types: Iterable[type] = (), conflicts: str = "keep",
+                 unregistered: str = "data", **open_kw: Any) -> CasSaver:
+        """Open (creating if needed) the store at ``url`` (a path, ``memory://``, ``s3://``;
+        ``open_kw`` as for ``CheckpointStore.open``) and a saver over it."""
+        return cls(CheckpointStore.open(url, storage_options=storage_options, **open_kw),
+                   types=types, conflicts=conflicts, unregistered=unregistered)
+
+    # --- drivers -----------------------------------------------------------------------------
+
+    def _run(self, step: Step[Any]) -> Any:
+        return run(step, self._core.backend)
+
+    async def _arun(self, step: Step[Any]) -> Any:
+        return await arun(step, await self._async_backend())
+
+    async def _async_backend(self) -> Backend:
+        """The backend the ``a``-methods await: for S3 opened without asyncio, one with an
+        async s3fs session of its own per running event loop (its requests then are coroutines
+        on that loop, not calls on a thread pool); the store's own backend otherwise."""
+        backend = self._core.backend
+        fs = getattr(backend, "fs", None)
+        if fs is None or getattr(fs, "asynchronous", False) or not backend.url.startswith(
+                "s3://"):
+            return backend
+        loop = asyncio.get_running_loop()
+        got = self._loops.get(loop)
+        if got is None:
+            options = {k: v for k, v in fs.storage_options.items()
+                       if k not in ("asynchronous", "loop", "skip_instance_cache")}
+            got = await open_backend_async(backend.url, options,
+                                           allow_unsafe=getattr(backend, "allow_unsafe", False))
+            self._loops[loop] = got
+        return got
+
+    def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]
+                       ) -> CasSaver:
+        """A clone that may also construct these classes (``(module, qualname)`` pairs that
+        LangGraph derives from a graph's state schema). Only classes already imported are
+        resolved (nothing is imported by name), and only of the kinds the codec stores."""
+        reg = TypeRegistry()
+        set_hooks(reg, objects=self.unregistered == "data")
+        for cls, entry in self._core.types._by_class.items():
+            reg.register(cls, entry.name, to_data=entry.to_data, from_data=entry.from_data)
+        added = 0
+        for item in extra_allowlist:
+            if len(item) < 2:
+                continue
+            obj: Any = sys.modules.get(item[0])
+            for part in item[1].split(".") if obj is not None else ():
+                obj = getattr(obj, part, None)
+            if isinstance(obj, type) and obj not in reg:
+                added += _register_any(reg, obj)
+        if not added:
+            return self
+        clone = copy.copy(self)
+        clone._core = Core(self._core.backend, reg, None)
+        clone._core.objects.wanted = self._core.objects.wanted
+        clone._learned = Learned()  # its registry learns the graphs it is called from
+        return clone
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        """The next version of a channel: an int after an int (this saver's own), and after a
+        str in the format LangGraph's other savers write (InMemorySaver, SqliteSaver,
+        PostgresSaver: ``"<32-digit counter>.<random fraction>"``) the next one in that format,
+        so a thread copied from one of them resumes and its versions keep increasing."""
+        if isinstance(current, str):
+            head = current.split(".", 1)[0]
+            if not (head.isascii() and head.isdigit()):
+                raise InvalidArgumentError(
+                    f"channel version {current[:80]!r} is not an int nor a str that starts "
+                    "with a counter (as InMemorySaver, SqliteSaver and PostgresSaver write, "
+                    "e.g. '00000000000000000000000000000002.0.5'); copy the thread with its "
+                    "versions as that saver wrote them")
+            return f"{int(head) + 1:032}.{random.random():016}"
+        return super().get_next_version(current, channel)
+
+    def _learn(self) -> None:
+        """Register the classes of the calling graph's schemas (see ``schemas``)."""
+        for cls in self._learned.new_classes():
+            if cls not in self._core.types:
+                _register_any(self._core.types, cls)
+
+    # --- the sync face -----------------------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        with self._core.turns.hold(_key(*_target(config))):  # (LangGraph calls from a pool)
+            return self._run(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        with self._core.turns.hold(_key(*_target(config))):
+            self._run(self._put_writes(config, writes, task_id, task_path))
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._learn()
+        return self._run(self._get_tuple(config))  # type: ignore[no-any-return]
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        self._learn()
+        yield from self._run(self._list(config, filter, before, limit))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run(self._delete_thread(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run(self._copy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._run(self._prune(thread_ids, strategy))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run(self._delete_for_runs(run_ids))
+
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                  ) -> Mapping[str, DeltaChannelHistory]:
+        self._learn()
+        return self._run(self._delta_history(config, channels))  # type: ignore[no-any-return]
+
+    # --- the async face ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the S3 session the ``a``-methods opened for the running event loop (if any);
+        call it before that loop ends (or use ``async with saver:``)."""
+        got = self._loops.pop(asyncio.get_running_loop(), None)
+        if got is not None:
+            await got.aclose()
+
+    async def __aenter__(self) -> CasSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        async with self._core.turns.ahold(_key(*_target(config))):
+            return await self._arun(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        async with self._core.turns.ahold(_key(*_target(config))):
+            await self._arun(self._put_writes(config, writes, task_id, task_path))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._learn()
+        return await self._arun(self._get_tuple(config))  # type: ignore[no-any-return]
+
+    async def alist(self, config: RunnableConfig | None, *,
+                    filter: dict[str, Any] | None = None, before: RunnableConfig | None = None,
+                    limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        self._learn()
+        for item in await self._arun(self._list(config, filter, before, limit)):
+            yield item
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._arun(self._delete_thread(thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._arun(self._copy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._arun(self._prune(thread_ids, strategy))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._arun(self._delete_for_runs(run_ids))
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]
+                                         ) -> Mapping[str, DeltaChannelHistory]:
+        self._learn()
+        return await self._arun(self._delta_history(config, channels))  # type: ignore[no-any-return]

@@ -1,0 +1,144 @@
+"""The classes of a compiled graph's own schemas, which CasSaver rebuilds without being told.
+
+LangGraph hands a saver these classes (``with_allowlist``) only in its strict mode
+(``LANGGRAPH_STRICT_MSGPACK=true``). CasSaver finds the graph that is calling it on the call
+stack instead (a ``Pregel`` method's ``self``: ``invoke``/``stream``, ``get_state``,
+``get_state_history``, ``update_state``, their async forms) and takes the classes from the
+graph's objects themselves: its state, input, output and context schemas, its nodes' and
+branches' input schemas and its channels' value and update types, walked as LangGraph's
+``collect_allowlist_from_schemas`` walks them. A class defined inside a function is found too
+(nothing is looked up by name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import types
+import typing
+import weakref
+from collections.abc import Iterator
+from typing import Any, get_args, get_origin
+
+MAX_FRAMES = 256  # how far up the stack a saver looks for its graph
+MAX_TYPES = 4096  # types one graph's walk visits at most
+
+
+def _pregel_file() -> str | None:
+    module = sys.modules.get("langgraph.pregel.main")
+    return getattr(module, "__file__", None)
+
+
+def callers() -> Iterator[Any]:
+    """The ``Pregel`` objects whose methods are on the current call stack, innermost first."""
+    where = _pregel_file()
+    if where is None:
+        return
+    from langgraph.pregel import Pregel
+
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            return
+        if frame.f_code.co_filename == where and frame.f_code.co_varnames[:1] == ("self",):
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, Pregel):
+                yield obj
+        frame = frame.f_back  # type: ignore[assignment]
+
+
+def _hints(cls: Any) -> list[Any]:
+    try:
+        return list(typing.get_type_hints(cls, include_extras=True).values())
+    except Exception:  # a forward reference that does not resolve, etc.
+        fields = getattr(cls, "model_fields", None)
+        if isinstance(fields, dict):
+            return [f.annotation for f in fields.values()]
+        if dataclasses.is_dataclass(cls):
+            return [f.type for f in dataclasses.fields(cls)]
+        return list(getattr(cls, "__annotations__", {}).values())
+
+
+def classes_of(roots: list[Any]) -> set[type]:
+    """The dataclasses, pydantic models and enums reachable from these types."""
+    found: set[type] = set()
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack and len(seen) < MAX_TYPES:
+        typ = stack.pop()
+        if typ is None or id(typ) in seen:
+            continue
+        seen.add(id(typ))
+        origin = get_origin(typ)
+        if origin is not None or isinstance(typ, types.UnionType):
+            stack.extend(a for a in get_args(typ) if not isinstance(a, (str, int, bytes)))
+            continue
+        if hasattr(typ, "__supertype__"):  # NewType
+            stack.append(typ.__supertype__)
+            continue
+        if not isinstance(typ, type):
+            continue
+        try:
+            if typing.is_typeddict(typ):
+                stack.extend(_hints(typ))
+            elif issubclass(typ, enum.Enum):
+                found.add(typ)
+            elif dataclasses.is_dataclass(typ) or _is_model(typ):
+                found.add(typ)
+                stack.extend(_hints(typ))
+        except Exception:  # a class that cannot be looked at is simply not learned
+            continue
+    return found
+
+
+def _is_model(typ: type) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and issubclass(typ, pydantic.BaseModel)
+
+
+def graph_roots(graph: Any) -> list[Any]:
+    """The schema types of a compiled graph (and of its builder, for a StateGraph)."""
+    roots: list[Any] = []
+    builder = getattr(graph, "builder", None)
+    for owner in (builder, graph):
+        for attr in ("state_schema", "input_schema", "output_schema", "context_schema"):
+            value = getattr(owner, attr, None)
+            if isinstance(value, type) or get_origin(value) is not None:
+                roots.append(value)
+    for node in (getattr(builder, "nodes", None) or {}).values():
+        roots.append(getattr(node, "input_schema", None))
+    for branches in (getattr(builder, "branches", None) or {}).values():
+        for branch in branches.values():
+            roots.append(getattr(branch, "input_schema", None))
+    channels = getattr(graph, "channels", None) or {}
+    for channel in channels.values():
+        for attr in ("ValueType", "UpdateType"):
+            try:
+                roots.append(getattr(channel, attr, None))
+            except Exception:  # a channel whose type is not set
+                pass
+    return roots
+
+
+class Learned:
+    """The graphs a saver has taken classes from (each once; weakly held)."""
+
+    def __init__(self) -> None:
+        self._graphs: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def new_classes(self) -> set[type]:
+        """The classes of the calling graphs not seen before."""
+        out: set[type] = set()
+        for graph in callers():
+            try:
+                if graph in self._graphs:
+                    continue
+                self._graphs.add(graph)
+            except TypeError:  # not weakly referable: look at it every time
+                pass
+            try:
+                out |= classes_of(graph_roots(graph))
+            except Exception:  # learning is a convenience: it never fails a read
+                continue
+        return out
