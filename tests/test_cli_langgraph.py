@@ -254,6 +254,8 @@ def test_a_langgraph_thread_id_names_its_thread(
     assert "also has namespace" in err and repr(ns) in err and sub in err  # which, and how
     code, out, err = run(capsys, "log", url, sub)
     assert code == 0 and f"namespace {ns!r}" in out and "note" not in err
+    got = run_json(capsys, "show", url)  # one LangGraph thread: its root namespace's latest
+    assert got["checkpoint"]["thread"] == 'lg:["agent-1",""]' and got["langgraph"]["next"]
     code, _, err = run(capsys, "log", url, "agent-2")
     assert code == 2 and "does not exist" in err
 

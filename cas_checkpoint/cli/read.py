@@ -225,8 +225,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif args.target is not None:
         info = lg.resolve(store, args.target, threads=threads)
     else:
-        named = {lg.thread_name(threads, (lg.parse_name(t) or (t, ""))[0], quiet=True)
-                 for t in threads}
+        named = {(got[0] if (got := lg.parse_name(t)) and any(
+            lg.parse_name(u) == (got[0], "") for u in threads) else t) for t in threads}
         if len(named) != 1:
             raise CliError(f"the store has {len(threads)} threads: name one (or a checkpoint id)")
         info = lg.resolve(store, named.pop(), threads=threads)
