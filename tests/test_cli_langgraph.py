@@ -188,6 +188,9 @@ def test_checkpoints_are_named_by_langgraphs_ids_and_tilde_counts_checkpoints(
     d = run_json(capsys, "diff", url, ids[1], ids[0])
     assert d["a"]["metadata"]["lg"] == ids[1] and d["b"]["metadata"]["lg"] == ids[0]
     assert run_json(capsys, "diff", url, "agent-1~1", "agent-1")["changes"] == d["changes"]
+    code, out, _ = run(capsys, "diff", url, "agent-1~1", "agent-1")
+    step = history[0].metadata["step"]
+    assert code == 0 and f"(LangGraph step {step}, {ids[0]})" in out.splitlines()[1]
 
 
 def test_prune_keep_last_keeps_the_interrupt_and_the_thread_resumes(

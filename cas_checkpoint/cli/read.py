@@ -274,8 +274,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
                    "changes": [{"path": c.path, "op": c.op, "old": jsonable(c.old),
                                 "new": jsonable(c.new)} for c in d.changes]})
         return OK
-    print(f"--- {a.thread_id} {a.id[:12]} (step {a.step})")
-    print(f"+++ {b.thread_id} {b.id[:12]} (step {b.step})")
+    print(f"--- {a.thread_id} {a.id[:12]} ({_step(a)})")
+    print(f"+++ {b.thread_id} {b.id[:12]} ({_step(b)})")
     for c in d.changes:
         path = "state" + c.path
         if c.op == "added":
@@ -287,6 +287,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     print(f"{len(d.changes)} change{'s' if len(d.changes) != 1 else ''}; "
           f"read {d.nodes_read} tree nodes")
     return OK
+
+
+def _step(info: CheckpointInfo) -> str:
+    if lg.is_checkpoint(info):
+        return f"LangGraph step {lg.lg_meta(info).get('step')}, {info.metadata['lg']}"
+    return f"step {info.step}"
 
 
 def _cut(text: str, n: int = 160) -> str:
