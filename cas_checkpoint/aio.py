@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker
+from . import bundle, crypto, marker, rotation
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend_async
 from .core import CACHE_BYTES, UNSET, Core
@@ -257,11 +257,12 @@ class AsyncCheckpointStore:
                                                  dry_run=dry_run))
 
     async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-                 progress: gcmod.GCProgress | None = None,
-                 force: bool = False) -> gcmod.GCReport:
+                 progress: gcmod.GCProgress | None = None, force: bool = False,
+                 repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
         return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
-                                             force=force))
+                                             force=force, repack=repack,
+                                             min_garbage=min_garbage))
 
     # --- moving threads between stores ---
 
@@ -291,7 +292,7 @@ class AsyncCheckpointStore:
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "AsyncCheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
-        return await self._run(crypto.rekey(self._core.refs, backend))
+        return await self._run(rotation.rekey(self._core.refs, backend))
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

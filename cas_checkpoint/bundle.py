@@ -27,12 +27,13 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import blake3
 import msgpack
 
+from . import untrusted
 from .copy import ThreadSource
 from .core import Core
 from .errors import CasError, FormatError, IntegrityError, InvalidArgumentError, StorageError
@@ -54,6 +55,11 @@ ENTRY_CHUNK = 1024  # log entries per E record, at most
 MAX_COUNT = (1 << 62) - 1
 CHUNK = 1 << 20  # bytes read from or written to the file per request
 MAX_THREADS = 65536  # thread names a header may list
+ITEMS = {  # the most msgpack values a record's body may hold (untrusted.count)
+    HEADER: MAX_THREADS + 64,
+    ENTRIES: 1 << 20,  # the writer closes a log record before it holds more than half
+    TRAILER: 64,
+}
 
 Dest = str | os.PathLike[str] | IO[bytes]
 
@@ -62,12 +68,13 @@ def _bad(what: str) -> FormatError:
     return FormatError(f"not a valid cas_checkpoint bundle: {what}")
 
 
-def _unpack(body: bytes, what: str) -> Any:
+def _unpack(body: bytes, what: str, max_items: int) -> Any:
+    """A record's body, decoded only if it holds at most ``max_items`` values (a hostile body
+    of empty maps would grow the reader ~70 times its size before its shape is checked)."""
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0,
-                               use_list=True)
-    except Exception as exc:  # msgpack raises many kinds on hostile bytes
-        raise _bad(f"its {what} does not decode ({exc})") from None
+        return untrusted.unpack(body, f"its {what}", max_items)
+    except FormatError as exc:
+        raise _bad(str(exc)) from None
 
 
 def _count(value: object) -> bool:
@@ -108,6 +115,35 @@ class _Writer:
 def _pack(value: Any) -> bytes:
     packed: bytes = msgpack.packb(value, use_bin_type=True)
     return packed
+
+
+def _log_records(entries: list[LogEntry]) -> Iterator[bytes]:
+    """The bodies of the log's E records: each a msgpack list of at most ENTRY_CHUNK entries,
+    closed early so that it holds at most half the values (``ITEMS``) and bytes (``LIMITS``) a
+    reader accepts (big metadata makes big entries)."""
+    max_items, max_bytes = ITEMS[ENTRIES] // 2, LIMITS[ENTRIES] // 2
+    parts: list[bytes] = []
+    items = size = 0
+    prev: CheckpointId | None = None
+    for e in entries:
+        packed = _pack(e.pack(prev if parts else None))
+        n = untrusted.count(packed, ITEMS[ENTRIES])
+        if parts and (len(parts) >= ENTRY_CHUNK or items + n > max_items
+                      or size + len(packed) > max_bytes):
+            yield _array(len(parts)) + b"".join(parts)
+            parts, items, size = [], 0, 0
+            packed = _pack(e.pack(None))  # the first entry of a record names its parents
+            n = untrusted.count(packed, ITEMS[ENTRIES])
+        parts.append(packed)
+        items, size, prev = items + n, size + len(packed), e.id
+    if parts:
+        yield _array(len(parts)) + b"".join(parts)
+
+
+def _array(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items."""
+    return bytes([0x90 | n]) if n < 16 else (
+        b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
 
 
 def _open_dest(dest: object) -> tuple[IO[bytes], Callable[[bool], None]]:
@@ -161,12 +197,8 @@ def export_step(core: Core, thread_id: str, dest: Dest,
             "step": header.head_step, "entries": len(entries), "objects": total, "bytes": size,
             "threads": sorted(threads), "created": time.time(), "by": "cas_checkpoint",
         }))
-        for i in range(0, len(entries), ENTRY_CHUNK):
-            chunk, prev = [], None
-            for e in entries[i:i + ENTRY_CHUNK]:
-                chunk.append(e.pack(prev))
-                prev = e.id
-            yield from w.record(ENTRIES, _pack(chunk))
+        for chunk in _log_records(entries):
+            yield from w.record(ENTRIES, chunk)
         done = 0
         while (item := (yield from source.next_object())) is not None:
             oid, data = item
@@ -277,7 +309,8 @@ class FileSource:
             raise FormatError(f"{self.name!r} is a bundle of format version {magic[-1]}; this "
                               f"version of cas_checkpoint reads version {VERSION}"
                               + ("; upgrade the package" if magic[-1] > VERSION else ""))
-        raw = _unpack((yield from self._record(HEADER, "the header")), "header")
+        raw = _unpack((yield from self._record(HEADER, "the header")), "header",
+                      ITEMS[HEADER])
         if not isinstance(raw, dict):
             raise _bad("its header is not a map")
         thread, head, step = raw.get("thread"), raw.get("head"), raw.get("step")
@@ -304,7 +337,7 @@ class FileSource:
         assert self.head is not None
         out = self._entries
         while len(out) < self.head.entries:
-            raw = _unpack((yield from self._record(ENTRIES, "the log")), "log")
+            raw = _unpack((yield from self._record(ENTRIES, "the log")), "log", ITEMS[ENTRIES])
             if not isinstance(raw, list) or not raw:
                 raise _bad("a log record is not a non-empty list")
             if len(out) + len(raw) > self.head.entries:
@@ -336,7 +369,8 @@ class FileSource:
     def finish(self, checker: Checker) -> Step[None]:
         assert self.head is not None
         want = self.digest.hexdigest()
-        raw = _unpack((yield from self._record(TRAILER, "the trailer")), "trailer")
+        raw = _unpack((yield from self._record(TRAILER, "the trailer")), "trailer",
+                      ITEMS[TRAILER])
         if not isinstance(raw, dict) or not isinstance(raw.get("digest"), bytes):
             raise _bad("its trailer is not a map with a digest")
         if raw["digest"].hex() != want:

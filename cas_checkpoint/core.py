@@ -25,7 +25,16 @@ from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .heads import Head
 from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
-from .objects import CheckpointId, LogEntry, ObjectId, Record, hashed, inlinable, object_id
+from .objects import (
+    MAX_PARENTS,
+    CheckpointId,
+    LogEntry,
+    ObjectId,
+    Record,
+    hashed,
+    inlinable,
+    object_id,
+)
 from .objstore import ObjectStore, View
 from .ops import List, ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -93,6 +102,9 @@ class Core:
         label, tags_t, meta = check_meta(label, tags, metadata)
         status, kind, reason = model.check_annotations(status, kind, reason)
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
+        if given is not None and len(given) > MAX_PARENTS:
+            raise InvalidArgumentError(f"parents names {len(given)} checkpoints, more than "
+                                       f"{MAX_PARENTS}; a checkpoint merges a few parents")
         if expected_head is not UNSET and expected_head is not None:
             expected_head = check_id(expected_head, "expected_head")
         with self._memo_lock:
@@ -202,9 +214,19 @@ class Core:
                 cp = yield from self._load_ref(thread_id, ref, cid)
                 break
             except NotFoundError:
-                # A pack merged away and collected since we read the ref? Read it again.
-                if attempt + 1 == LOAD_RETRIES or (yield from self.refs.read(thread_id)) == ref:
+                # A pack merged away and collected since we read the ref? Read it again. Only
+                # a ref that still names what is missing says the thread is damaged.
+                latest = yield from self.refs.read(thread_id)
+                if latest is not None and latest.version == ref.version:
                     raise
+                if latest is None:  # deleted meanwhile: says that the thread does not exist
+                    yield from self.ref(thread_id)
+                if attempt + 1 == LOAD_RETRIES:
+                    raise StorageError(
+                        f"thread {thread_id!r} moved {LOAD_RETRIES} times while this load read "
+                        "its packs (a repack and a gc removed what each ref read named; "
+                        "nothing is damaged); load it again, or when maintenance is done"
+                    ) from None
         log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
                   (time.perf_counter() - t0) * 1000)
         return cp
@@ -264,22 +286,29 @@ class Core:
         out: dict[CheckpointId, View] = {}
         heads = [r.head for _, r in (yield from self._refs()) if r is not None]
         views: list[View] = []
+        damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
+        # damaged log does not hide the others)
         for head in heads:
             if head.head is None:
                 continue
             view = yield from self.objects.view(head)
             views.append(view)
-            for e in self.refs.iter_newest_first(head, view):
-                if e.id in wanted and e.id not in out:
-                    out[e.id] = view
-                    if len(out) == len(wanted):
-                        return out
+            try:
+                for e in self.refs.iter_newest_first(head, view):
+                    if e.id in wanted and e.id not in out:
+                        out[e.id] = view
+                        if len(out) == len(wanted):
+                            return out
+            except (IntegrityError, FormatError, NotFoundError) as exc:
+                damage = damage or exc
         for view in views:  # rewound or pruned out of every log: its objects stay until repacked
             for cid in wanted - out.keys():
                 if cid in view.frozen_ids():
                     out[cid] = view
         for cid in checkpoint_ids:
             if cid not in out:
+                if damage is not None:  # it may be in a log that could not be read
+                    raise damage
                 raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
         return out
 
@@ -299,6 +328,8 @@ class Core:
         try:
             record = Record.decode(view.get(cid))
         except NotFoundError:
+            if view.unreadable:  # (the error names the pack it may be in)
+                raise
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         if newest:  # the head's checkpoint, after every check load makes: for warm loads
             self._warm.newest(view.head.thread_id, view.head, record)
@@ -381,10 +412,14 @@ class Core:
         cid = check_id(checkpoint_id)
         thread_key(new_thread_id)
         src = (yield from self.ref(thread_id)).head
-        entries = yield from self.refs.entries(src)
+        view: View = yield from self.objects.view(src)
+        entries = self.refs.log_entries(src, view)
         by_id = {e.id: e for e in entries}
         if cid not in by_id:
             raise self._not_in(thread_id, cid)
+        # Everything is checked before the new ref exists: the fork's head checkpoint must be
+        # readable (its record and every node of its state: a damaged pack raises here).
+        view.check_checkpoint(cid)
         keep: set[str] = set()
         todo = [cid]
         while todo:
@@ -407,8 +442,7 @@ class Core:
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
-            self._threads.remember(new_thread_id, ref, Known(
-                ref.head.lineage, (yield from self.objects.view(ref.head))))
+            self._threads.remember(new_thread_id, ref, Known(ref.head.lineage, view))
         log.info("fork %r at %s into %r", thread_id, cid, new_thread_id)
         return info_of(by_id[cid], new_thread_id)
 
@@ -551,10 +585,18 @@ class Core:
         return report
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-           progress: gcmod.GCProgress | None = None, force: bool = False
-           ) -> Step[gcmod.GCReport]:
+           progress: gcmod.GCProgress | None = None, force: bool = False,
+           repack: bool = False, min_garbage: float = 0.25) -> Step[gcmod.GCReport]:
+        gcmod.check_grace(self.backend, grace, force)  # every argument, before any change
+        if not isinstance(repack, bool) or not isinstance(dry_run, bool):
+            raise InvalidArgumentError(f"repack and dry_run must be True or False, not "
+                                       f"{repack!r} and {dry_run!r}")
+        repackmod.check(min_garbage)
+        repacked = (yield from self.repack(min_garbage=min_garbage, dry_run=dry_run)
+                    ) if repack else None
         report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
-                                          progress=progress, force=force)
+                                          progress=progress, force=force, repacked=repacked)
+        report.repack = repacked
         if not dry_run:
             self.objects.forget(report.deleted)
         log.info("%s", report.to_text())
@@ -590,3 +632,4 @@ class Core:
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
                           logical / physical if physical else 0.0, self.objects.hits,
                           self.objects.misses, per)
+

@@ -36,7 +36,7 @@ import os
 import secrets
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import blake3
 
@@ -47,9 +47,6 @@ from .heads import MAX_HEAD_BYTES, Head, PackRef, packs_of
 from .objects import _HEADERS, PACK, VERSION, ObjectId
 from .ops import GetMany, List, PutMany, Step
 from .packfile import ENCRYPTED
-
-if TYPE_CHECKING:
-    from .refs import RefStore
 
 CIPHER = marker.ENCRYPTION  # as the store's settings name it
 KEYLESS = "keyless"  # encryption=KEYLESS: gc and a quick verify, without the key
@@ -71,6 +68,39 @@ class BrokenSeal(IntegrityError):
                            "does not verify, so nothing of it was returned. Run "
                            "`cas-checkpoint verify`, and restore it from a backup or replica")
         self.expected, self.actual, self.path = "an authentic tag", "a wrong tag", path
+
+
+class DamagedKeyId(IntegrityError):
+    """An encrypted pack or ref whose clear key id is not that of the key that sealed it: a
+    given key opens it under its own id, or the id differs from one the store uses in a few
+    bits only. Damage, not a missing key."""
+
+    def __init__(self, path: str, kid: str, near: str, opened: bool) -> None:
+        how = (f"key {near} opens it under its own id" if opened else
+               f"it differs from key id {near}, which the store uses, in a few bits only")
+        Exception.__init__(self, f"{path} is damaged: its clear key id {kid} is not the one it "
+                           f"was sealed with ({how}), so nothing of it was returned. Run "
+                           "`cas-checkpoint verify`, and restore it from a backup or replica")
+        self.expected, self.actual, self.path = near, kid, path
+
+
+NEAR_BITS = 4  # a key id this close to a known one is that id damaged (random ids differ in ~32)
+
+
+def _near(kid: str, known: Iterable[str]) -> str | None:
+    """A known key id that ``kid`` differs from in 1..NEAR_BITS bits (None if there is none)."""
+    try:
+        mine = int(kid, 16)
+    except ValueError:
+        return None
+    for other in known:
+        try:
+            bits = (int(other, 16) ^ mine).bit_count()
+        except ValueError:
+            continue
+        if 0 < bits <= NEAR_BITS:
+            return other
+    return None
 
 
 def _derive(purpose: str, secret: bytes) -> bytes:
@@ -191,6 +221,7 @@ class Keyring:
         self.writer: Key | None = keys[0] if keys else None
         self.provider = provider
         self.keyless = keyless
+        self.recorded: set[str] = set()  # key ids the store records (its creator, keys/ files)
         self._asked: set[str] = set()
 
     @staticmethod
@@ -242,6 +273,26 @@ class Keyring:
                 "old_key], then run rekey to need only the new one")
         return key
 
+    def unseal(self, kid: str, ad_of: Callable[[str], bytes], sealed: bytes | memoryview,
+               path: str, what: str) -> bytes:
+        """The plain bytes sealed under key id ``kid`` with associated data ``ad_of(kid)``. A
+        ``kid`` no given key has is told apart from damage: if a given key opens the bytes
+        under its own id, or ``kid`` is a few bits from an id the store uses, the clear id was
+        damaged (``DamagedKeyId``); otherwise the key is missing (``InvalidArgumentError``)."""
+        key = self.find(kid)
+        if key is not None:
+            return key.unseal(ad_of(kid), sealed, path)
+        for other in list(self.keys.values()):  # (in the error path only: one try per key)
+            try:
+                other.unseal(ad_of(other.id), sealed, path)
+            except BrokenSeal:
+                continue
+            raise DamagedKeyId(path, kid, other.id, True)
+        near = _near(kid, [*self.keys, *sorted(self.recorded)])
+        if near is not None:
+            raise DamagedKeyId(path, kid, near, False)
+        return self.get(kid, what).unseal(ad_of(kid), sealed, path)  # raises: a missing key
+
     def write_key(self) -> Key:
         if self.writer is None:
             raise InvalidArgumentError(
@@ -268,8 +319,8 @@ def open_sealed_pack(data: bytes | memoryview, ring: Keyring, path: str) -> byte
     if len(data) < _PACK_CLEAR + _NONCE + _TAG or data[5] != ENCRYPTED:
         raise FormatError(f"{path}: an encrypted pack with a damaged header")
     clear = bytes(data[:_PACK_CLEAR])
-    key = ring.get(clear[6:].hex(), path)
-    plain = key.unseal(b"pack\0" + clear, data[_PACK_CLEAR:], path)
+    plain = ring.unseal(clear[6:].hex(), lambda kid: b"pack\0" + clear[:6] + bytes.fromhex(kid),
+                        data[_PACK_CLEAR:], path, path)
     if is_sealed_pack(plain):
         raise FormatError(f"{path}: an encrypted pack inside an encrypted pack")
     return plain
@@ -310,8 +361,10 @@ def open_head(data: bytes, ring: Keyring, ref_key: str) -> bytes:
     if ring.keyless and kid not in ring.keys:
         return Head(ref_key.rsplit("/", 1)[-1], None,
                     packs=tuple(PackRef(ObjectId(p), 0, s, 0) for p, s in packs)).encode()
-    key = ring.get(kid, f"ref {ref_key}")
-    plain = key.unseal(_head_ad(ref_key, data[:start]), data[start:], ref_key)
+    clear = data[:start]
+    plain = ring.unseal(kid, lambda k: _head_ad(ref_key, clear[:5] + bytes.fromhex(k)
+                                                + clear[5 + _ID:]),
+                        data[start:], ref_key, f"ref {ref_key}")
     if [(p.id, p.size) for p in Head.decode(plain, ref_key).packs] != packs:
         raise FormatError(f"ref {ref_key}: its clear pack list is not the one sealed inside")
     return plain
@@ -490,6 +543,9 @@ def opening(url: str, objects: Any, backend: SealedBackend, create: bool) -> Ste
             f"the store at {url!r} is not encrypted; open it without encryption= (a store keeps "
             "the settings it was created with)")
     objects.keyring = ring
+    ring.recorded.update([have.key_id] if have.key_id else [])
+    ring.recorded.update(k.rsplit("/", 1)[-1] for k, v in got.items()
+                         if k.startswith(KEYS + "/") and v)
     if not ring.keyless:
         backend.names = yield from _names(url, ring, have, got)
     if objects.wanted is not None:
@@ -507,6 +563,7 @@ def _names(url: str, ring: Keyring, have: marker.Settings,
             return unwrap_names(ring.keys[kid], wrapped[key_file(kid)], key_file(kid))
     known = [have.key_id] if have.key_id else []
     known += [i.key.rsplit("/", 1)[-1] for i in (yield List(KEYS))]
+    ring.recorded.update(known)
     if ring.provider is not None:
         for kid in dict.fromkeys(known):
             if ring.find(kid) is None:
@@ -534,60 +591,5 @@ def record_writer(ring: Keyring, have: marker.Settings, names: bytes | None) -> 
         yield PutMany({path: wrap(writer, names)})
 
 
-# --- rekey ---------------------------------------------------------------------------------
-
-
-def rekey(refs: RefStore, backend: SealedBackend) -> Step[dict[str, Any]]:
-    """Every thread's packs and head rewritten under the writing key (by compare-and-swap:
-    safe while others write); then the key files of other keys are removed. Returns a report:
-    threads and packs rewritten, the key ids retired."""
-    from .objects import ObjectId as Oid
-    from .packing import make_pack
-    from .refs import Ref
-
-    writer = backend.ring.write_key()
-    objects = refs.objects
-    yield from objects.settle()
-    if objects.settings is not None:
-        yield from record_writer(backend.ring, objects.settings, backend.names)
-    threads = yield from refs.threads()
-    report: dict[str, Any] = {"threads": 0, "packs_rewritten": 0, "bytes_written": 0,
-                              "key_id": writer.id, "retired_key_ids": []}
-    renamed: dict[str, PackRef] = {}  # old pack id -> its rewrite
-    for thread in threads:
-        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[Oid, bytes]]]:
-            if ref is None:
-                return None, {}
-            head = ref.head
-            got = yield from objects.packs([p.id for p in head.packs])
-            old = [p for p in head.packs if objects.sealed_by.get(p.id) != writer.id]
-            new: dict[Oid, bytes] = {}
-            for p in old:
-                if p.id in renamed:  # shared with a thread rewritten before (a fork)
-                    continue
-                made, data = make_pack(got[p.id].objects, p.level, objects.compressor,
-                                       objects.sealer())
-                new[made.id] = data
-                renamed[p.id] = made
-            if new:
-                yield from objects.put_packs(new)
-            report["packs_rewritten"] += len(new)
-            report["bytes_written"] += sum(map(len, new.values()))
-            packs = tuple(renamed.get(p.id, p) for p in head.packs)
-            return Head(head.thread_id, head.head, head.head_step, head.peaks, head.tail,
-                        packs, head.inline, head.lineage), {}
-
-        if (yield from refs.update(thread, change)) is not None:
-            report["threads"] += 1
-    listed = yield List(KEYS)
-    stale = [i.key for i in listed if i.key != key_file(writer.id)]
-    if stale:
-        from .ops import DeleteMany
-
-        yield DeleteMany(stale)
-    report["retired_key_ids"] = [k.rsplit("/", 1)[-1] for k in stale]
-    return report
-
-
-__all__ = ["CIPHER", "KEYLESS", "BrokenSeal", "Encryption", "Key", "Keyring", "SealedBackend",
-           "is_sealed_key", "rekey", "unwrap"]
+__all__ = ["CIPHER", "KEYLESS", "BrokenSeal", "DamagedKeyId", "Encryption", "Key", "Keyring",
+           "SealedBackend", "is_sealed_key", "unwrap"]

@@ -28,6 +28,8 @@ The residual risks are written down in the README ("How GC stays safe").
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import math
 import os
 import secrets
@@ -40,12 +42,13 @@ from typing import Any
 
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .crypto import unwrap
-from .errors import InvalidArgumentError, StorageError
+from .errors import CasError, InvalidArgumentError, StorageError
 from .heads import Head
 from .objects import ObjectId
-from .objstore import PREFIX, key_pack_id
+from .objstore import PREFIX, key_pack_id, pack_key
 from .ops import Blocking, DeleteMany, List, ListMany, PutMany, ReadRefs, Step, run
 from .refs import HEADS, is_thread_key
+from .repack import RepackReport
 from .retention import PruneReport as PruneReport  # re-exported: callers look in gc
 from .retention import ThreadPrune as ThreadPrune
 from .retention import check_policy as check_policy
@@ -53,6 +56,7 @@ from .retention import prune as prune
 from .retention import prune_due as prune_due
 from .retention import pruned_head as pruned_head
 from .retention import save_slack as save_slack
+from .verify_parts import key_thread, read_each
 
 GCProgress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
@@ -97,10 +101,15 @@ class GCReport:
     requests: dict[str, int] = field(default_factory=lambda: {
         "list": 0, "get": 0, "put": 0, "delete": 0})
     deleted: list[ObjectId] = field(default_factory=list)
+    repack: RepackReport | None = None  # gc(repack=True): what its repack did (or would do)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "deleted"}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("deleted", "repack")}
         out["requests"] = dict(self.requests)
+        if self.repack is not None:
+            out["repacked_threads"] = sum(t.new_pack is not None for t in self.repack.threads)
+            out["repack_freed_bytes"] = self.repack.freed_bytes
         return out
 
     def to_text(self) -> str:
@@ -117,6 +126,19 @@ class GCReport:
         )
 
 
+def _unreadable(key: str | None, exc: CasError) -> CasError:
+    """``exc`` (its kind kept), saying that gc stopped, whose ref, and the way forward."""
+    thread = key_thread(key) if key is not None else ()
+    arg = repr(thread[0]) if thread else (key or "THREAD")
+    exc.args = (f"gc stopped before deleting anything: the ref of thread "
+                f"{arg if thread else '(ref ' + str(key) + ')'} cannot be read, and its "
+                f"checkpoints would be lost ({exc}). Run `cas-checkpoint verify STORE` to see "
+                f"what it holds, then `cas-checkpoint repair-ref STORE {arg} --use-slot N` "
+                f"(local disk: keep a whole slot) or `cas-checkpoint repair-ref STORE {arg} "
+                "--remove` (drop the ref; its objects go at the next gc), and run gc again",)
+    return exc
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -127,13 +149,19 @@ def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
 
 
 class _Collector:
-    def __init__(self, backend: Backend, report: GCReport, progress: GCProgress | None) -> None:
+    def __init__(self, backend: Backend, report: GCReport, progress: GCProgress | None,
+                 repacked: RepackReport | None = None) -> None:
         self.backend = backend
         self.report = report
         self.req = report.requests
         self.progress = progress or (lambda phase, done, total: None)
         self.marked: set[str] = set()
         self.versions: dict[str, str] = {}
+        # a dry run after a dry-run repack: thread -> (the packs its head names, the new pack
+        # that a run would name instead); and the new packs marked so far (id -> size)
+        self.swaps = {t.thread_id: (frozenset(t.old_packs), t.new_pack) for t in (
+            repacked.threads if repacked is not None else ()) if t.new_pack is not None}
+        self.new_packs: dict[str, int] = {}
 
     # marking: a ref reaches exactly the packs its head names (and its inline objects, which
     # live in the ref itself), so marking reads the refs and nothing else
@@ -152,19 +180,33 @@ class _Collector:
         keys = [i.key for i in listed if is_thread_key(i.key)]
         self.req["list"] += 1 + len(keys) // 1000
         self.req["get"] += len(keys)
-        got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
+        try:
+            got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
+        except CasError as exc:
+            each = yield from read_each(keys)  # which one(s): each on its own
+            raise _unreadable(next((k for k, g in zip(keys, each, strict=True)
+                                    if isinstance(g, CasError)), None), exc) from None
         changed: dict[str, Head] = {}
         for key, ref in zip(keys, got, strict=True):
             if ref is not None and self.versions.get(key) != ref[1]:
                 self.versions[key] = ref[1]
-                changed[key] = Head.decode(ref[0], key)
+                try:
+                    changed[key] = Head.decode(ref[0], key)
+                except CasError as exc:
+                    raise _unreadable(key, exc) from None
         self.report.threads = len(self.versions)
         self.report.ref_rounds += 1
         return changed
 
     def mark_heads(self, heads: dict[str, Head]) -> None:
         for head in heads.values():
-            self.marked.update(p.id for p in head.packs)
+            names = frozenset(p.id for p in head.packs)
+            swap = self.swaps.get(head.thread_id)
+            if swap is not None and swap[0] == names:  # (a head that moved since: as it is)
+                self.marked.add(swap[1].id)
+                self.new_packs[swap[1].id] = swap[1].size
+            else:
+                self.marked.update(names)
         self.progress("mark", len(heads), len(heads))
 
     # listing
@@ -217,30 +259,44 @@ def storage_now(backend: Backend, requests: dict[str, int] | None = None) -> Ste
     return found[0]
 
 
-def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
-            progress: GCProgress | None = None, force: bool = False) -> Step[GCReport]:
-    """Delete unreachable objects older than ``grace`` (see the module docstring): a step for
-    ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
-    now, before any I/O. ``progress`` is called from the step (on the event loop's thread
-    under ``arun``)."""
+def check_grace(backend: Backend, grace: object, force: object) -> float:
+    """``grace`` in seconds, checked against the storage's safety rules (before any change)."""
     if not isinstance(grace, timedelta) or grace < timedelta(0):
-        raise InvalidArgumentError(f"grace must be a non-negative timedelta, not {grace!r}")
+        raise InvalidArgumentError(f"grace must be a non-negative timedelta (--grace AGE on the "
+                                   f"command line), not {grace!r}")
+    if not isinstance(force, bool):
+        raise InvalidArgumentError(f"force must be True or False, not {force!r}")
     g = grace.total_seconds()
-    backend = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
+    backend = unwrap(backend)
     exact = isinstance(backend, (LocalBackend, MemoryBackend))
     if not exact and g < MIN_S3_GRACE and not force:
         raise InvalidArgumentError(
             f"grace={g:g} s is below the 1-second resolution of modified times on {backend.url}, "
             "so gc could delete an object a writer is about to commit; use a grace of at least "
-            "1 second (the default is 1 hour), or pass force=True if no writer is active")
-    return _collect(backend, g, dry_run, progress)
+            "1 second (grace=timedelta(seconds=1), --grace 1s; the default is 1 hour), or pass "
+            "force=True (--force) if no writer is active. Nothing was changed")
+    return g
 
 
-def _collect(backend: Backend, g: float, dry_run: bool,
-             progress: GCProgress | None) -> Step[GCReport]:
+def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
+            progress: GCProgress | None = None, force: bool = False,
+            repacked: RepackReport | None = None) -> Step[GCReport]:
+    """Delete unreachable objects older than ``grace`` (see the module docstring): a step for
+    ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
+    now, before any I/O. ``progress`` is called from the step (on the event loop's thread
+    under ``arun``). A dry run given the report of a dry-run ``repack`` just before counts as
+    if that repack had been done: each thread it would repack names its new pack instead of
+    its old ones (the run's numbers, predicted)."""
+    g = check_grace(backend, grace, force)
+    backend = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
+    return _collect(backend, g, dry_run, progress, repacked if dry_run else None)
+
+
+def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | None,
+             repacked: RepackReport | None = None) -> Step[GCReport]:
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
-    c = _Collector(backend, report, progress)
+    c = _Collector(backend, report, progress, repacked)
     if isinstance(backend, LocalBackend):
         yield Blocking(_recover_trash, (backend,))
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
@@ -251,6 +307,9 @@ def _collect(backend: Backend, g: float, dry_run: bool,
         if not changed:
             break
         c.mark_heads(changed)
+    there = {oid for oid, _ in listed}
+    listed += [(ObjectId(oid), ObjectInfo(pack_key(oid), size, t0))  # a dry repack's packs
+               for oid, size in sorted(c.new_packs.items()) if oid not in there]
     cutoff = t0 - g
     candidates: list[ObjectInfo] = []
     for oid, info in listed:
@@ -289,6 +348,39 @@ def _local_path(backend: LocalBackend, key: str) -> str:
     return os.path.join(backend.root, *key.split("/"))
 
 
+def _housekeeping(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A local housekeeping step (its first argument the backend) whose OSError becomes a
+    StorageError saying what was wrong and what to do."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run_it(backend: LocalBackend, *args: Any) -> Any:
+            try:
+                return fn(backend, *args)
+            except OSError as exc:
+                raise housekeeping_error(backend, what, exc) from exc
+        return run_it
+    return wrap
+
+
+def housekeeping_error(backend: LocalBackend, what: str, exc: OSError) -> StorageError:
+    gc_dir = os.path.join(backend.root, "gc")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        todo = ("this process has run out of file descriptors: raise its limit (`ulimit -n`) "
+                "or let it close files")
+    elif exc.errno in (errno.ENOTDIR, errno.EEXIST) and not os.path.isdir(gc_dir):
+        todo = (f"{gc_dir} must be a folder (gc keeps its clock probe and trash there) and is "
+                "not: move it away")
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = "the disk is full: free some space"
+    else:
+        todo = f"check the permissions of {backend.root}"
+    return StorageError(f"gc could not {what} ({exc.strerror or exc}: {exc.filename or gc_dir}); "
+                        f"{todo}, then run gc again (objects it moved aside are put back by the "
+                        "next run)")
+
+
+@_housekeeping("delete writers' stale temp files")
 def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
     """Delete temp files older than the grace: no live writer holds one that long. Blocking."""
     stale = backend.stale_temps(cutoff)
@@ -298,6 +390,7 @@ def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
     return len(stale)
 
 
+@_housekeeping("put back what an earlier gc left in its trash")
 def _recover_trash(backend: LocalBackend) -> None:
     """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
     safe; the next gc deletes it again). Blocking."""
@@ -335,7 +428,7 @@ def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: flo
     if not candidates:
         return []
     trash = os.path.join(backend.root, "gc", f"trash-{os.getpid()}-{secrets.token_hex(4)}")
-    yield Blocking(os.makedirs, (trash,))
+    yield Blocking(_make_trash, (backend, trash))
     deleted: list[ObjectInfo] = []
     try:
         for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
@@ -344,10 +437,19 @@ def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: flo
             c.req["delete"] += len(batch)
             c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
     except OSError as exc:
-        raise StorageError(f"gc could not remove objects in {backend.root}: {exc}; objects it "
-                           f"moved aside are put back by the next gc run") from exc
-    yield Blocking(os.rmdir, (trash,))
+        raise housekeeping_error(backend, "remove objects", exc) from exc
+    yield Blocking(_drop_trash, (backend, trash))
     return deleted
+
+
+@_housekeeping("make its trash folder")
+def _make_trash(backend: LocalBackend, trash: str) -> None:
+    os.makedirs(trash)
+
+
+@_housekeeping("remove its trash folder")
+def _drop_trash(backend: LocalBackend, trash: str) -> None:
+    os.rmdir(trash)
 
 
 def _trash_batch(backend: LocalBackend, trash: str, batch: list[ObjectInfo],

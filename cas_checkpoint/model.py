@@ -13,13 +13,19 @@ import msgpack
 from .errors import InvalidArgumentError, SerializationError
 from .objects import (
     KINDS,
+    MAX_LABEL,
     MAX_META_BYTES,
+    MAX_META_DEPTH,
     MAX_REASON,
+    MAX_TAG,
+    MAX_TAGS,
     STATUSES,
     CheckpointId,
     LogEntry,
     Record,
+    bad_text,
     is_object_id,
+    unpack_meta,
 )
 
 
@@ -72,32 +78,94 @@ def check_id(cid: object, what: str = "checkpoint id") -> CheckpointId:
     return CheckpointId(str(cid))
 
 
+def check_text(value: object, what: str, most: int) -> str:
+    """A str argument a save records (label, tag, reason): a str of at most ``most``
+    characters, valid Unicode (a lone surrogate cannot be written as UTF-8)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be a str, not {type(value).__name__}")
+    if len(value) > most:
+        raise InvalidArgumentError(
+            f"{what} is {len(value)} characters long; it may be at most {most} (it is copied "
+            "into the thread's log and head): shorten it, and put long text in the state")
+    problem = bad_text(value)
+    if problem is not None:
+        raise InvalidArgumentError(f"{what} {problem}; pass a str without lone surrogates "
+                                   "(e.g. text.encode('utf-8', 'replace').decode())")
+    return value
+
+
 def check_meta(label: object, tags: object, metadata: object) -> tuple[str | None, tuple[str, ...],
                                                                         dict[str, Any]]:
-    if label is not None and not isinstance(label, str):
-        raise InvalidArgumentError(f"label must be a str or None, not {type(label).__name__}")
+    """label=, tags= and metadata= of a save, checked by what every reader enforces (the
+    decoder's own bounds and msgpack options), so no save records what a reader refuses."""
+    if label is not None:
+        label = check_text(label, "label", MAX_LABEL)
     if isinstance(tags, str) or not isinstance(tags, Iterable):
         raise InvalidArgumentError("tags must be a list of strings, e.g. tags=['tool']")
     tags = tuple(tags)
-    if not all(isinstance(t, str) for t in tags):
-        raise InvalidArgumentError("every tag must be a str")
+    if len(tags) > MAX_TAGS:
+        raise InvalidArgumentError(f"tags has {len(tags)} tags, more than {MAX_TAGS}: they are "
+                                   "copied into the thread's log and head; keep a few short "
+                                   "tags and put the rest in the state or metadata")
+    tags = tuple(check_text(tag, f"tags[{i}]", MAX_TAG) for i, tag in enumerate(tags))
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
         raise InvalidArgumentError("metadata must be a dict with str keys")
     try:
         packed = msgpack.packb(metadata, strict_types=True)
-    except (TypeError, ValueError, OverflowError) as exc:
+        # the reader's own decoding of these bytes: what it refuses is refused here, unwritten
+        copy = unpack_meta(packed)
+    except Exception as exc:  # msgpack raises many types
+        found: tuple[str, str] | None = _meta_problem(metadata) or ("metadata", str(exc))
+    else:
+        found = _meta_problem(copy)  # (what msgpack accepts, but nested too deep)
+    if found is not None:
+        path, problem = found
+        shown = path if len(path) <= 200 else f"{path[:100]}...{path[-80:]}"
         raise SerializationError(
-            f"metadata must hold JSON-like values (str, int, float, bool, None, list, dict): "
-            f"{exc}; put richer values in the state instead", "metadata") from None
+            f"{shown} {problem}; metadata must hold JSON-like values (str, int, float, bool, "
+            "None, list, and dict with str keys, at every depth): convert it, or put richer "
+            "values in the state instead", path) from None
     if len(packed) > MAX_META_BYTES:
         raise InvalidArgumentError(
             f"metadata is {len(packed)} bytes encoded, more than {MAX_META_BYTES}; it is copied "
             "into the thread's log, so keep it small and put large values in the state"
         )
-    # a copy (the packed form's): the caller may change its dict after the save returns
-    return label, tags, msgpack.unpackb(packed, strict_map_key=False)
+    # a copy (as readers decode it): the caller may change its dict after the save returns
+    return label, tags, copy
+
+
+def _meta_problem(metadata: dict[str, Any]) -> tuple[str, str] | None:
+    """Where in ``metadata`` (a path such as ``metadata["scores"]``) a value that cannot be
+    recorded is, and what is wrong with it; None if no such value is found. Iterative: any
+    depth, and a dict that holds itself."""
+    todo: list[tuple[str, object, int]] = [("metadata", metadata, 0)]
+    while todo:
+        path, value, depth = todo.pop()
+        if depth >= MAX_META_DEPTH:  # (also ends the walk of a dict or list that holds itself)
+            return path, f"nests more than {MAX_META_DEPTH} levels deep (or holds itself)"
+        if type(value) is dict:
+            for key, item in value.items():
+                if type(key) not in (str, bytes):  # (the reader accepts bytes keys inside)
+                    return path, (f"has a key {key!r} of type {type(key).__name__}: keys must "
+                                  "be str (e.g. str(key))")
+                problem = bad_text(key) if type(key) is str else None
+                if problem is not None:
+                    return path, f"has a key that {problem}"
+                todo.append((f"{path}[{key!r}]", item, depth + 1))
+        elif type(value) is list:
+            todo.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
+        elif type(value) is str:
+            problem = bad_text(value)
+            if problem is not None:
+                return path, problem
+        elif type(value) is int:
+            if not -(1 << 63) <= value < 1 << 64:
+                return path, "is an int out of msgpack's 64-bit range"
+        elif not (value is None or type(value) in (bool, float, bytes)):
+            return path, f"is a {type(value).__name__}"
+    return None
 
 
 def check_annotations(status: object, kind: object, reason: object
@@ -113,9 +181,7 @@ def check_annotations(status: object, kind: object, reason: object
         if status not in ("failed", "halted"):
             raise InvalidArgumentError("reason= says why a checkpoint failed or halted: pass "
                                        "it with status='failed' or status='halted'")
-        if not isinstance(reason, str) or len(reason) > MAX_REASON:
-            raise InvalidArgumentError(f"reason must be a str of at most {MAX_REASON} "
-                                       "characters (put details in the state or metadata)")
+        reason = check_text(reason, "reason", MAX_REASON)
     return status, kind, reason
 
 

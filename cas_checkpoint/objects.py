@@ -63,6 +63,13 @@ VERSION = 3  # 3: packs, heads with a checksum, inline objects and pack lists
 NODE, RECORD, SEGMENT, HEAD, PACK = b"N", b"C", b"L", b"H", b"P"
 _HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD, PACK)}
 MAX_META_BYTES = 64 * 1024
+# A head copies its newest log entries (up to 15), so every field an entry repeats from its
+# record is bounded: 15 entries at their largest (metadata, label, tags, reason, 256 parents;
+# ~160 KB each) and a 64 KiB thread id stay well under a head's 4 MB (``heads.MAX_HEAD_BYTES``).
+MAX_LABEL = 1024  # characters of a label
+MAX_TAGS = 64  # tags of one checkpoint
+MAX_TAG = 256  # characters of one tag
+MAX_PARENTS = 256  # parents of one checkpoint
 INLINE_ROOT_MAX = 1024  # a root node encoding to at most this many bytes lives in its record
 
 
@@ -86,13 +93,30 @@ def object_kind(data: bytes | memoryview) -> bytes:
     return head[3:4]
 
 
+def unpack(data: bytes | memoryview) -> Any:
+    """msgpack bytes as every reader decodes them: UTF-8 strings, str (or bytes) map keys only,
+    no extension types, at most 1,024 levels deep. Raises what msgpack raises."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=True, max_ext_len=0, use_list=True)
+
+
+META_NESTING = 3  # containers around an entry's metadata in a head or segment: map, list, entry
+# levels of dicts and lists in metadata, at most (a save refuses more): msgpack reads 1,024, but
+# Python compares, copies and prints nested values recursively (verify, find, the CLI's JSON)
+MAX_META_DEPTH = 64
+
+
+def unpack_meta(packed: bytes) -> Any:
+    """``packed`` metadata decoded as a reader decodes it where it nests deepest (in a head's or
+    a segment's log entry): a writer runs it on what it will record (``model.check_meta``), so
+    it never records what a reader refuses."""
+    return unpack(b"\x91" * META_NESTING + packed)[0][0][0]
+
+
 def _unpack_body(data: bytes | memoryview, kind: bytes) -> Any:
     if object_kind(data) != kind:
         raise FormatError(f"expected an object of kind {kind!r}, found {object_kind(data)!r}")
     try:
-        return msgpack.unpackb(
-            data[5:], raw=False, strict_map_key=True, max_ext_len=0, use_list=True
-        )
+        return unpack(data[5:])
     except Exception as exc:  # msgpack raises many types on hostile input
         raise FormatError(
             f"cannot decode {kind.decode()} object: {exc}; the object is corrupt or was not "
@@ -110,9 +134,11 @@ def _bad(what: str) -> FormatError:
                        "cas_checkpoint")
 
 
-def _hex_ids(value: object, what: str) -> tuple[str, ...]:
+def _hex_ids(value: object, what: str, most: int | None = None) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, bytes) and len(v) == 32 for v in value):
         raise _bad(f"{what} must be a list of 32-byte ids")
+    if most is not None and len(value) > most:
+        raise _bad(f"{what} lists {len(value)} ids, more than {most}")
     return tuple(v.hex() for v in value)
 
 
@@ -222,7 +248,7 @@ class LogEntry:
                            "back-reference, but there is no entry before it")
             back: tuple[CheckpointId, ...] = (prev,)
         else:
-            back = tuple(CheckpointId(p) for p in _hex_ids(parents, "parents"))
+            back = tuple(CheckpointId(p) for p in _hex_ids(parents, "parents", MAX_PARENTS))
         return LogEntry(CheckpointId(cid.hex()), back, step, float(created), size, label,
                         tuple(tags), meta, status, kind, reason)
 
@@ -324,12 +350,27 @@ def _check_fields(step: object, created: object, size: object, label: object, ta
         raise _bad("created_at must be a time between 1970 and 9999, in seconds")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STEP:
         raise _bad("size must be a non-negative int")
-    if label is not None and not isinstance(label, str):
-        raise _bad("label must be a string or nil")
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise _bad("tags must be a list of strings")
-    if not isinstance(meta, dict):
-        raise _bad("metadata must be a map")
+    if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
+        raise _bad(f"label must be a string of at most {MAX_LABEL} characters or nil")
+    if (not isinstance(tags, list) or len(tags) > MAX_TAGS
+            or not all(isinstance(t, str) and len(t) <= MAX_TAG for t in tags)):
+        raise _bad(f"tags must be a list of at most {MAX_TAGS} strings of at most {MAX_TAG} "
+                   "characters")
+    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+        raise _bad("metadata must be a map with string keys")
+
+
+def bad_text(text: str) -> str | None:
+    """What makes ``text`` unstorable (a lone surrogate: not UTF-8), or None. A decoded string
+    is always UTF-8; a writer asks before it records a string."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate {text[exc.start]!r} at index {exc.start} (not valid "
+                "Unicode)")
+    return None
 
 
 def inlinable(node: bytes) -> bool:
@@ -416,7 +457,8 @@ class Record:
                            "node") from None
             oid = object_id(node)
         return Record(
-            thread, tuple(CheckpointId(p) for p in _hex_ids(parents, "parents")), oid, step,
+            thread, tuple(CheckpointId(p) for p in _hex_ids(parents, "parents", MAX_PARENTS)),
+            oid, step,
             float(created), size, label, tuple(tags), meta, node, status, kind, reason,
         )
 

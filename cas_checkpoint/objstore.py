@@ -20,9 +20,9 @@ from typing import TypeVar
 
 from . import crypto, marker
 from .backends import Backend
-from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError
+from .errors import CasError, FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head
-from .objects import ObjectId, inline_id, object_id, object_ids
+from .objects import ObjectId, Record, decode_node, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
@@ -173,16 +173,28 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
 
 
 class View:
-    """The objects one head holds: its inline objects and those of its packs."""
+    """The objects one head holds: its inline objects and those of its packs. The packs of
+    the head that could not be read (missing, or damaged: not one of their bytes is used) are
+    in ``unreadable`` with their errors: an object found in none of the others raises the
+    error of the first of them (it may be in there), never a plain "not found"."""
 
-    def __init__(self, head: Head, packs: list[Pack], store: ObjectStore) -> None:
+    def __init__(self, head: Head, packs: list[Pack], store: ObjectStore,
+                 unreadable: dict[str, CasError] | None = None) -> None:
         self.head = head
         self.packs = packs
         self.store = store
+        self.unreadable: dict[str, CasError] = unreadable or {}
         self.inline: dict[str, bytes] = {}
         for data in head.inline:
             self.inline[inline_id(data)] = data  # named by their hash: nothing to check
         self._ids: frozenset[str] | None = None
+
+    def whole(self) -> View:
+        """This view, when every pack of its head could be read; else the error of the first
+        that could not (for work that rewrites a thread's packs: ``repack``)."""
+        if self.unreadable:
+            raise _again(next(iter(self.unreadable.values())))
+        return self
 
     def get(self, oid: str) -> bytes:
         return bytes(self.get_view(oid))
@@ -203,6 +215,8 @@ class View:
                 return got
         if mismatch is not None:  # named (by prefix) where it should be, with other bytes
             raise mismatch.args[0]
+        if self.unreadable:  # perhaps in a pack that cannot be read: say which, and why
+            raise _again(next(iter(self.unreadable.values())))
         raise NotFoundError(
             f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
             f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "
@@ -218,6 +232,17 @@ class View:
         hashed now."""
         for oid in oids.difference(self.inline, *(p.verified for p in self.packs)):
             self.get(oid)
+
+    def check_checkpoint(self, cid: str) -> None:
+        """Raise (IntegrityError, NotFoundError, FormatError) unless the head holds the record
+        of ``cid`` and every node of its state, each hashing to its id (of the nodes, only
+        their lists of children are decoded)."""
+        seen: set[str] = set()
+        todo = list(Record.decode(self.get(cid)).children())
+        while todo:
+            got = self.get_views([n for n in dict.fromkeys(todo) if n not in seen])
+            seen.update(got)
+            todo = [c for data in got.values() for c in decode_node(data)[0] if c not in seen]
 
     def get_views(self, oids: Iterable[str]) -> dict[str, bytes | memoryview]:
         """``get_many`` without copying objects out of their packs: looked up and hashed a
@@ -271,7 +296,8 @@ class View:
         for oid in set(oids).difference(self.inline, *(p.verified for p in self.packs)):
             try:
                 self.get_view(oid)
-            except (NotFoundError, IntegrityError):  # absent, or other bytes under its name
+            except (NotFoundError, IntegrityError, FormatError):  # absent, other bytes under
+                # its name, or perhaps in a pack that does not decode
                 out.add(oid)
         return out
 
@@ -282,6 +308,14 @@ class View:
                 ids.update(pack.objects)
             self._ids = frozenset(ids)
         return self._ids
+
+
+def _again(exc: CasError) -> CasError:
+    """A new error like ``exc`` (an unreadable pack's, raised again for each object it may
+    hold: a fresh exception each time, not one whose traceback keeps growing)."""
+    if isinstance(exc, IntegrityError):
+        return IntegrityError(exc.expected, exc.actual, exc.path)
+    return type(exc)(*exc.args)
 
 
 class ObjectStore:
@@ -348,11 +382,21 @@ class ObjectStore:
 
     def adopt(self, settings: marker.Settings) -> None:
         """Write by ``settings`` from now on (an encrypted store's packer also seals)."""
+        self.compressor = self.packer(settings)
+        self.settings = settings
+
+    def packer(self, settings: marker.Settings) -> Zstd | None:
+        """How packs are compressed (and, in an encrypted store, sealed) by ``settings``."""
         compressor = settings.compressor()
         if self.keyring is not None:
             compressor = Sealing(compressor, self.keyring.writer)
-        self.compressor = compressor
-        self.settings = settings
+        return compressor
+
+    def would_settle(self) -> Step[Zstd | None]:
+        """What ``settle`` returns, writing nothing (for a dry run)."""
+        if self.settings is not None:
+            return self.compressor
+        return self.packer((yield from self.current()))
 
     def sealer(self) -> crypto.Key | None:
         """The key new packs are sealed with (None: a plain store)."""
@@ -474,8 +518,11 @@ class ObjectStore:
             shared.keep_pack(pid, data, pack)
         return pack
 
-    def packs(self, pids: Iterable[str]) -> Step[dict[str, Pack]]:
-        """Packs by id, verified; the ones not cached are read in one parallel round."""
+    def packs(self, pids: Iterable[str], unreadable: dict[str, CasError] | None = None
+              ) -> Step[dict[str, Pack]]:
+        """Packs by id, verified; the ones not cached are read in one parallel round. With
+        ``unreadable``, a pack that is missing or damaged (it does not hash to its name, or
+        does not decode) goes there with its error instead of raising it."""
         out: dict[str, Pack] = {}
         missing = []
         for pid in dict.fromkeys(pids):
@@ -491,13 +538,20 @@ class ObjectStore:
             got = yield GetMany([pack_key(p) for p in missing])
             for pid in missing:
                 data = got[pack_key(pid)]
-                if data is None:
-                    raise NotFoundError(
-                        f"pack {pack_key(pid)} is missing from {self.backend.url}; the "
-                        "checkpoints stored in it cannot be loaded. Run `cas-checkpoint verify` "
-                        "to list the checkpoints affected."
-                    )
-                out[pid] = pack = self._parse_read(pid, data)
+                try:
+                    if data is None:
+                        raise NotFoundError(
+                            f"pack {pack_key(pid)} is missing from {self.backend.url}; the "
+                            "checkpoints stored in it cannot be loaded. Run `cas-checkpoint "
+                            "verify` to list the checkpoints affected."
+                        )
+                    pack = self._parse_read(pid, data)
+                except (NotFoundError, IntegrityError, FormatError) as exc:
+                    if unreadable is None:
+                        raise
+                    unreadable[pid] = exc
+                    continue
+                out[pid] = pack
                 self._remember(pack)
                 self._to_disk(pid, data)
         return out
@@ -524,13 +578,17 @@ class ObjectStore:
         return out
 
     def view(self, head: Head) -> Step[View]:
-        """Reads of the objects ``head`` holds (its packs are fetched now, in one round)."""
+        """Reads of the objects ``head`` holds (its packs are fetched now, in one round). A
+        pack that is missing or damaged does not stop it: the view reads the others, and
+        raises that pack's error for an object it cannot find in them (``View``)."""
         with self._lock:
             last = self._views.get(id(head))
         if last is not None and last.head is head:
             return last
-        got = (yield from self.packs([p.id for p in head.packs])) if head.packs else {}
-        view = View(head, [got[p.id] for p in head.packs], self)
+        unreadable: dict[str, CasError] = {}
+        got = (yield from self.packs([p.id for p in head.packs], unreadable)
+               ) if head.packs else {}
+        view = View(head, [got[p.id] for p in head.packs if p.id in got], self, unreadable)
         with self._lock:
             self._views[id(head)] = view
             while len(self._views) > 64:

@@ -37,9 +37,10 @@ from .errors import (
     FormatError,
     IntegrityError,
     InvalidArgumentError,
+    NotFoundError,
     StorageError,
 )
-from .heads import Head, Peak
+from .heads import MAX_HEAD_BYTES, Head, Peak
 from .objects import CheckpointId, LogEntry, ObjectId, Segment, object_id
 from .objstore import NeedPacks, ObjectStore, Pack, View
 from .ops import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
@@ -146,6 +147,20 @@ Change = Callable[[Ref | None], Step[tuple[Head | None, dict[ObjectId, bytes]]]]
 """What ``RefStore.update`` applies: the current ref -> the new head and its new objects."""
 
 
+HEAD_ROOM = 64 * 1024  # what a sealed (encrypted) ref adds to a head's bytes, and more
+
+
+def check_size(thread_id: str, data: bytes) -> None:
+    """Refuse to write a head that readers would refuse for its size (``MAX_HEAD_BYTES``, less
+    room for sealing). The bounds on what a save records keep a head far below it: this is the
+    last guard, whatever the inputs, before a ref no process could read is written."""
+    if len(data) > MAX_HEAD_BYTES - HEAD_ROOM:
+        raise InvalidArgumentError(
+            f"thread {thread_id[:80]!r}: its new head would be {len(data)} bytes, more than a "
+            f"reader accepts ({MAX_HEAD_BYTES - HEAD_ROOM}); nothing was saved. Keep labels, "
+            "tags and metadata small (put large values in the state)")
+
+
 def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
     """``head`` with ``entry`` appended and made the head; new segments are added to ``new``."""
     tail = head.tail + (entry,)
@@ -177,6 +192,11 @@ def build(base: Head, entries: list[LogEntry], head_id: CheckpointId | None,
     step = next((e.step for e in entries if e.id == head_id), -1)
     return Head(base.thread_id, head_id if step >= 0 else None, step, head.peaks, head.tail,
                 base.packs, base.inline, base.lineage)
+
+
+def _same(a: Ref | None, b: Ref | None) -> bool:
+    """Whether two reads of a ref found the same ref (the same version of it)."""
+    return a is b or (a is not None and b is not None and a.version == b.version)
 
 
 class RefStore:
@@ -373,7 +393,10 @@ class RefStore:
         ConflictError. ``current`` is a ref the caller believes current (it may be stale: it is
         only a guess that saves a read). ``done(ref)``, asked after a lost race, says whether
         ``ref`` already holds the change (our write landed, its reply was lost, and another
-        writer built on it): then the change is not applied twice. The new objects go inline
+        writer built on it): then the change is not applied twice. A change (or its staging)
+        that finds missing what ``ref`` names is done again on the ref read anew when the ref
+        moved meanwhile (a repack and a gc since: nothing is damaged), and raises only when the
+        ref as it is now names it. The new objects go inline
         into the head or into packs (``packing.stage``), written before the ref that names
         them. Returns the ref written (or the one found holding the change), or None when it
         was deleted."""
@@ -388,22 +411,34 @@ class RefStore:
                     ref, fresh = (yield from self.read(thread_id)), True
                     continue
                 raise ConflictError(thread_id, expected_head, actual)  # type: ignore[arg-type]
-            new_head, new_objects = yield from change(ref)
             packs: dict[ObjectId, bytes] = {}
-            if new_head is not None:
-                contents: dict[ObjectId, tuple[ObjectId, ...]] = {}
-                opened: dict[ObjectId, bytes] = {}
-                new_head, packs = yield from self._stage(new_head, new_objects, contents,
-                                                         opened)
-                # packs before the ref that names them
-                yield from self.objects.put_packs(packs, contents, opened)
-                del opened
+            contents: dict[ObjectId, tuple[ObjectId, ...]] = {}
+            opened: dict[ObjectId, bytes] = {}
+            try:
+                new_head, new_objects = yield from change(ref)
+                if new_head is not None:
+                    new_head, packs = yield from self._stage(new_head, new_objects, contents,
+                                                             opened)
+            except NotFoundError:
+                # Something ``ref`` names is gone (a pack a merge or a repack replaced, which a
+                # gc then deleted)? Only the ref as it is now can say the thread is damaged:
+                # read it again, and redo the change on it when it moved.
+                latest = yield from self.read(thread_id)
+                if _same(latest, ref):
+                    raise
+                log.debug("ref %s moved while a change read what it named (attempt %d); "
+                          "redoing it", key, attempt + 1)
+                ref, fresh = latest, True
+                continue
+            yield from self.objects.put_packs(packs, contents, opened)  # before the ref naming
+            del opened  # them
             try:
                 if new_head is None:
                     if ref is not None:
                         yield DeleteRef(key, ref.version)
                     return None
                 data = new_head.encode()
+                check_size(thread_id, data)
                 refresh = (partial(self.objects.put_packs_now, packs) if packs else None)
                 version = yield WriteRef(key, data, ref.version if ref else None, refresh)
                 if len(self._decoded) > 1024:

@@ -35,6 +35,9 @@ class ThreadRepack:
     bytes_before: int  # of the objects in its packs
     bytes_after: int  # of the objects its checkpoints reach
     repacked: bool
+    # the pack that replaces its packs (with dry_run: the one it would write), and those packs
+    new_pack: PackRef | None = None
+    old_packs: tuple[ObjectId, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +47,18 @@ class RepackReport:
 
     @property
     def freed_bytes(self) -> int:
-        """Bytes the repacked threads no longer name (gc deletes them after its grace)."""
-        return sum(t.bytes_before - t.bytes_after for t in self.threads if t.repacked)
+        """Bytes the repacked threads no longer name (gc deletes them after its grace; with
+        dry_run, those a run would free)."""
+        return sum(t.bytes_before - t.bytes_after for t in self.threads
+                   if t.new_pack is not None)
 
     def to_text(self) -> str:
         verb = "would repack" if self.dry_run else "repacked"
-        done = [t for t in self.threads if t.repacked]
+        done = [t for t in self.threads if t.new_pack is not None]
         garbage = sum(t.bytes_before - t.bytes_after for t in self.threads)
         return (f"{verb} {len(done)} of {len(self.threads)} threads; their packs hold "
-                f"{garbage} bytes no checkpoint reaches ({self.freed_bytes} now unnamed: "
+                f"{garbage} bytes no checkpoint reaches ({self.freed_bytes} "
+                f"{'would be' if self.dry_run else 'now'} unnamed: "
                 "gc deletes them once older than its grace)")
 
 
@@ -108,16 +114,21 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
         if ref is None or ref.head.head is None:
             return None
         head = ref.head
-        view: View = yield from refs.objects.view(head)
+        view: View = (yield from refs.objects.view(head)).whole()
         keep = reachable(head, view)
         packed = {oid: obj for pack in view.packs for oid, obj in pack.objects.items()}
         before = sum(len(v) for v in packed.values())
         kept = {ObjectId(k): view.get(k) for k in sorted(keep) if k in packed}
         after = sum(len(v) for v in kept.values())
         report = ThreadRepack(thread_id, len(head.packs), before, after, False)
-        if dry_run or not head.packs or before == 0 or (before - after) / before < min_garbage:
+        if not head.packs or before == 0 or (before - after) / before < min_garbage:
             return report
         level = max(p.level for p in head.packs)
+        old = tuple(p.id for p in head.packs)
+        if dry_run:  # the pack a run would write (its id and size), built and not written
+            compressor = yield from refs.objects.would_settle()
+            pack, _ = make_pack(kept, level, compressor)
+            return ThreadRepack(thread_id, len(head.packs), before, after, False, pack, old)
         compressor = yield from refs.objects.settle()
         pack, data = make_pack(kept, level, compressor)
         yield from refs.objects.put_packs({pack.id: data})  # the pack, then the ref naming it
@@ -135,7 +146,7 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
             yield from refs.update(thread_id, change, current=ref)
         except _Moved:
             continue  # a save landed meanwhile: look again
-        return ThreadRepack(thread_id, len(head.packs), before, after, True)
+        return ThreadRepack(thread_id, len(head.packs), before, after, True, pack, old)
     raise StorageError(f"thread {thread_id!r}: gave up repacking after {ATTEMPTS} attempts; it "
                        "is being written to constantly. Retry when it is quieter.")
 

@@ -6,10 +6,14 @@ once, since waiting does not fix them. A precondition failure (412) is neither: 
 of a compare-and-swap, and the caller handles it. A 409 ``ConditionalRequestConflict`` (another
 write of the key in flight) is transient: the object may not be there yet.
 
-s3fs and botocore retry some failures themselves before we see them (botocore: connection errors,
-500/502/503/504 and throttling, ``max_attempts`` 5 by default; s3fs: connection and read errors and
-``SlowDown``, ``retries`` 5 by default). A retried PUT whose first reply was lost comes back as a
-412 even though it was applied; ``backends/s3.py`` tags each ref write with a write id to tell that
+Left to themselves, botocore and s3fs retry failures before we see them (botocore: connection
+errors, 500/502/503/504 and throttling, 5 attempts in its legacy mode; s3fs: connection and read
+errors and ``SlowDown``, 5 attempts), each attempt waiting up to botocore's 60 s connect and read
+timeouts: 25 hidden attempts per request, so an endpoint that accepts connections and never
+answers held a caller for many minutes. A store opened from a URL turns both off (one attempt
+each, ``backends/__init__.py``) and retries here alone, so a request makes at most ``attempts``
+tries of at most ``timeout`` each. A retried PUT whose first reply was lost comes back as a 412
+even though it was applied; ``backends/s3.py`` tags each ref write with a write id to tell that
 apart from a real conflict.
 """
 
@@ -86,6 +90,18 @@ def is_connection_error(exc: BaseException) -> bool:
             return True
         if isinstance(e, OSError) and e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
                                                   errno.ENETUNREACH):
+            return True
+    return False
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """A request got no answer in time (connect or read timeout)."""
+    for e in _chain(exc):
+        if isinstance(e, TimeoutError):
+            return True
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & {"ReadTimeoutError", "ConnectTimeoutError", "ServerTimeoutError",
+                    "FSTimeoutError", "ReadTimeout", "ConnectTimeout"}:
             return True
     return False
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker
+from . import bundle, crypto, marker, rotation
 from . import gc as gcmod
 from .backends import Backend, backend_for, open_backend
 from .core import CACHE_BYTES, UNSET, Core, log
@@ -35,10 +35,10 @@ def check_open_args(retries: object, timeout: object) -> None:
     if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
                                 or not 1 <= retries <= 100):
         raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
-    if timeout is not None and (isinstance(timeout, bool)
-                                or not isinstance(timeout, int | float) or timeout <= 0):
-        raise InvalidArgumentError(f"timeout must be a positive number of seconds, not "
-                                   f"{timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= 86400):  # nan and inf are no bound
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
+                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 class _Blocking:
@@ -94,10 +94,12 @@ class CheckpointStore:
         Packs read are kept in memory (``cache_bytes``, LRU) and, with ``cache_dir``, in that
         local folder too (for S3 stores: a new process then reads its packs from disk). Packs
         are immutable and re-hashed when read back, so neither cache can go stale.
-        Object storage: ``retries`` bounds this library's attempts at a failing request (6 by
-        default; throttling and 5xx wait with exponential backoff, up to 2 s apart; an
-        endpoint that never answered is not retried: a wrong URL fails in seconds), and
-        ``timeout`` sets the connect and read timeouts, in seconds.
+        Object storage: ``retries`` bounds the attempts at a failing request (6 by default;
+        throttling and 5xx wait with exponential backoff, up to 2 s apart; an endpoint that
+        never answered is not retried: a wrong URL fails in one timeout), and ``timeout`` how
+        long each attempt may wait to connect and for each read (30 s by default). botocore and
+        s3fs retry nothing on their own, so a request gives up after about ``retries`` x
+        ``timeout`` with a StorageError naming the endpoint.
         Packs are compressed with zstd (``compression_level`` 1-19, 3 by default) unless the
         store is created with ``compression="none"``; objects keep their names (the hash of
         their uncompressed bytes), so sharing holds. A store keeps the settings it was created
@@ -301,12 +303,16 @@ class CheckpointStore:
         return self._run(self._core.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-           progress: gcmod.GCProgress | None = None, force: bool = False) -> gcmod.GCReport:
+           progress: gcmod.GCProgress | None = None, force: bool = False,
+           repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete every object no ref reaches that was last written or reused more than
         ``grace`` ago, by the storage's clock. Safe while other processes save (see the README,
-        "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``."""
+        "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``. With ``repack``,
+        first ``repack(min_garbage=...)`` every thread (``report.repack``); a dry run then
+        counts as if that repack had been done, so it predicts what the run deletes. Every
+        argument is checked before anything changes."""
         return self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
-                                       force=force))
+                                       force=force, repack=repack, min_garbage=min_garbage))
 
     # --- moving threads between stores (bundle.py, copy.py) ---
 
@@ -348,7 +354,7 @@ class CheckpointStore:
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "CheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
-        return self._run(crypto.rekey(self._core.refs, backend))
+        return self._run(rotation.rekey(self._core.refs, backend))
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""

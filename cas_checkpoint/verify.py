@@ -30,7 +30,7 @@ from typing import Any
 
 from . import verify_parts as vp
 from .backends import Backend
-from .crypto import Keyring, is_sealed_key
+from .crypto import Keyring, is_sealed_key, unwrap
 from .errors import (
     CasError,
     FormatError,
@@ -137,6 +137,34 @@ class _Audit:
         stats["bytes_hashed"] += n
 
 
+    def slots(self, key: str, want: tuple[str, ...]) -> None:
+        """What the slots of a local ref just read hold, when they are not at rest as a
+        finished update leaves them: a damaged slot is a problem (the head reads from the
+        other), two valid slots a note (a writer stopped before it retired the older)."""
+        reading = getattr(unwrap(self.backend), "ref_notes", {}).get(key)
+        if reading is None or reading.live is None:
+            return
+
+        def name(head: bytes) -> str:
+            try:
+                return f"head {Head.decode(head, key).head}"
+            except CasError:
+                return f"a head of {len(head)} bytes"
+
+        text = reading.describe(name)
+        thread = repr(want[0]) if want else "THREAD"
+        if reading.damaged:
+            self.problem("corrupt", "ref", None, key, f"{text}. Loads read slot "
+                         f"{reading.live.index}; the next save to the thread rewrites the "
+                         f"damaged slot (or `cas-checkpoint repair-ref STORE {thread} "
+                         f"--use-slot {reading.live.index}` now)", want)
+        elif any(s.state == "valid" for s in reading.slots if s is not reading.slots[
+                reading.live.index]):
+            self.report.notes.append(
+                f"ref {key}: {text}: a writer was stopped after writing the newer slot and "
+                "before retiring the older; loads read the newer, and raise (not step back) if "
+                "it is damaged before the next save to the thread, which settles it")
+
     def read_refs(self) -> Step[dict[str, Head]]:
         """Every ref (or the one asked for), read in parallel, decoded and checked."""
         keys = [] if self.thread_id is None else [thread_key(self.thread_id)]
@@ -159,6 +187,8 @@ class _Audit:
         heads: dict[str, Head] = {}
         for key in sorted(keys):
             ref, want = got[key], vp.key_thread(key)
+            if ref is not None and not isinstance(ref, CasError):
+                self.slots(key, want)
             if ref is None and self.thread_id is not None:
                 raise NotFoundError(f"thread {self.thread_id!r} does not exist in "
                                     f"{self.backend.url}")
@@ -166,8 +196,9 @@ class _Audit:
                 continue
             self.report.threads += 1
             if isinstance(ref, CasError):
-                self.problem("undecodable" if isinstance(ref, FormatError) else "unreadable",
-                             "ref", None, key, str(ref), want)
+                kind = ("undecodable" if isinstance(ref, FormatError) else
+                        "corrupt" if isinstance(ref, IntegrityError) else "unreadable")
+                self.problem(kind, "ref", None, key, str(ref), want)
                 continue
             try:
                 head = Head.decode(ref[0], key)

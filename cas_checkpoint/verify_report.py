@@ -6,9 +6,11 @@ code (``verify.py`` runs the audit).
 (distinct objects reached), ``objects_hashed``, ``bytes_hashed``, ``by_kind``
 (``{"pack"|"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
 ``unreachable_objects``, ``unreachable_bytes`` (packs no ref names; null for one thread),
-``seconds``, ``problems`` (``[{"kind", "what", "object", "path", "detail", "threads",
-"checkpoints"}]``). Kinds: ``missing``; ``corrupt`` (bytes do not hash to their name, or a ref's
-checksum fails); ``undecodable``; ``unreadable`` (the storage refused, or a ref is not a regular
+``seconds``, ``notes`` (states that are not damage, such as a local ref left with two valid
+slots by a writer stopped before it retired the older), ``problems`` (``[{"kind", "what",
+"object", "path", "detail", "threads", "checkpoints"}]``). Kinds: ``missing``; ``corrupt``
+(bytes do not hash to their name, or a ref's checksum fails, or a slot of a local ref is
+damaged); ``undecodable``; ``unreadable`` (the storage refused, or a ref is not a regular
 file); ``stray`` (an entry under ``refs/heads`` named as no thread's ref); ``dangling_ref`` (a
 head not in its log); ``mismatch`` (a ref, log entry, log peak or pack size disagrees with what
 it names); ``too_deep`` (deeper than the ``MAX_DEPTH`` levels a load follows: the object is the
@@ -62,6 +64,7 @@ class VerifyReport:
     unreachable_objects: int | None = None  # packs no ref names (garbage for gc)
     unreachable_bytes: int | None = None
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # not damage, but worth knowing
 
     @property
     def ok(self) -> bool:
@@ -80,7 +83,7 @@ class VerifyReport:
                 "bytes_hashed": self.bytes_hashed, "by_kind": self.by_kind,
                 "unreachable_objects": self.unreachable_objects,
                 "unreachable_bytes": self.unreachable_bytes, "seconds": round(self.seconds, 3),
-                "problems": [p.to_dict() for p in self.problems]}
+                "problems": [p.to_dict() for p in self.problems], "notes": list(self.notes)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -98,6 +101,7 @@ class VerifyReport:
         if self.unreachable_objects is not None:
             lines.append(f"  unreachable (garbage for gc, not an error): "
                          f"{self.unreachable_objects} packs, {_human(self.unreachable_bytes or 0)}")
+        lines += [f"  note: {n}" for n in self.notes]
         if self.ok:
             return "\n".join([*lines, "OK: no problems found"])
         lines.append(f"{len(self.problems)} PROBLEMS, breaking {len(self.broken_checkpoints())} "

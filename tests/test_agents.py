@@ -644,8 +644,9 @@ def test_dispatch_list_create_restore() -> None:
     assert listed["checkpoints"][1]["note"] == "risky"
 
     back = dispatch(store, "t", "restore_checkpoint", {"checkpoint_id": ids[1]})
-    assert back["restored"]["id"] == ids[1] == store.head("t")
-    assert store.count("t") == 2
+    assert back["restored"]["id"] == ids[1] and back["created"]["id"] == store.head("t")
+    assert store.load("t").state == store.load("t", ids[1]).state
+    assert store.count("t") == 8  # a restore adds a checkpoint: nothing leaves the history
 
 
 HUGE = "x" * (MAX_ARGUMENTS_CHARS + 1)
@@ -733,8 +734,9 @@ def test_adispatch_on_the_async_store() -> None:
         assert (await store.load("t")).state == {"m": 2}
         listed = await adispatch(store, "t", "list_checkpoints", {"limit": 1})
         assert listed["checkpoints"][0]["id"] == made["created"]["id"]
-        await adispatch(store, "t", "restore_checkpoint", {"checkpoint_id": first.id})
-        assert await store.head("t") == first.id
+        back = await adispatch(store, "t", "restore_checkpoint", {"checkpoint_id": first.id})
+        assert back["restored"]["id"] == first.id and await store.count("t") == 4
+        assert (await store.load("t")).state == {"m": 1}
         with pytest.raises(InvalidArgumentError, match="unknown argument"):
             await adispatch(store, "t", "list_checkpoints", {"everything": True})
         with pytest.raises(CasError):

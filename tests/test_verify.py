@@ -27,7 +27,7 @@ from cas_checkpoint.shapes import MAX_DEPTH
 NO_S3 = ["memory", "local"]
 KEYS = {"ok", "url", "deep", "sample", "thread", "threads", "checkpoints", "objects",
         "objects_hashed", "bytes_hashed", "by_kind", "unreachable_objects", "unreachable_bytes",
-        "seconds", "problems"}
+        "seconds", "problems", "notes"}
 
 # --- helpers -----------------------------------------------------------------------------------
 

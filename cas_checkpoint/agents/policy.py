@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..objects import bad_text
 
 __all__ = ["AfterLlmResponse", "AfterToolCall", "AnyOf", "Clock", "Event", "Every", "Interval",
            "LLM_RESPONSE", "Never", "Policy", "TOOL_CALL"]
@@ -97,6 +98,9 @@ def _event_name(name: object, what: str = "event name") -> str:
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidArgumentError(f"{what} must be a non-empty str of at most 200 characters, "
                                    f"not {name!r}")
+    problem = bad_text(name)
+    if problem is not None:
+        raise InvalidArgumentError(f"{what} {problem}; pass a str without lone surrogates")
     return name
 
 

@@ -99,7 +99,7 @@ class _Base:
             return None
         meta: dict[str, Any] = {"event": name}
         if isinstance(details.get("tool"), str):
-            meta["tool"] = details["tool"][:200]
+            meta["tool"] = _storable(details["tool"])[:200]  # (a model may name the tool)
         if isinstance(details.get("ok"), bool):
             meta["ok"] = details["ok"]
         return {"kind": "automatic", "status": "in_progress", "metadata": meta}
@@ -107,7 +107,8 @@ class _Base:
     @staticmethod
     def _recovery(operation: str, pre: CheckpointInfo, exc: BaseException) -> dict[str, Any]:
         reason = f"{operation} raised {type(exc).__name__}: {exc}"
-        return {"kind": "recovery", "status": "failed", "reason": reason[:MAX_REASON],
+        return {"kind": "recovery", "status": "failed",
+                "reason": _storable(reason)[:MAX_REASON],
                 "metadata": {"operation": operation, "pre_operation": pre.id}}
 
     @staticmethod
@@ -464,3 +465,9 @@ class AsyncBackground:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _storable(text: str) -> str:
+    """Text the recorder makes from what others wrote (an exception's message, a tool's name),
+    with any lone surrogate spelled out (``\\udc80``): a save refuses it as not UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

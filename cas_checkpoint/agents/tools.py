@@ -1,7 +1,11 @@
 """Tools for LLM function calling: let an agent list, create, restore and search its own
-checkpoints. ``openai_tools()`` and ``anthropic_tools()`` give the definitions (JSON Schema) in
-each API's shape; ``dispatch(store, thread_id, name, arguments)`` runs a call the model made
-(``adispatch`` for an ``AsyncCheckpointStore``) and returns a JSON-ready dict.
+checkpoints. Every tool only reads or adds (nothing a model calls can destroy history):
+``restore_checkpoint`` saves a new head whose state is the earlier checkpoint's, its parent the
+current head, so the attempt it abandons stays in the thread's history; a rewind, delete or
+prune stays an operator's action (the store's API, the command line). ``openai_tools()`` and
+``anthropic_tools()`` give the definitions (JSON Schema) in each API's shape; ``dispatch(store,
+thread_id, name, arguments)`` runs a call the model made (``adispatch`` for an
+``AsyncCheckpointStore``) and returns a JSON-ready dict.
 
 The model's arguments are untrusted input. They are checked before the store is touched: a JSON
 text of at most ``MAX_ARGUMENTS_CHARS`` characters (or a dict) holding one object, no unknown or
@@ -24,7 +28,7 @@ from typing import Any
 
 from ..errors import CasError, InvalidArgumentError, NotFoundError
 from ..model import CheckpointInfo
-from ..objects import KINDS, STATUSES
+from ..objects import KINDS, STATUSES, bad_text
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "TOOL_NAMES", "adispatch", "anthropic_tools", "dispatch",
            "openai_tools", "tool_definitions"]
@@ -85,6 +89,9 @@ class _Param:
         elif not self.enum and not self.min_length <= len(value) <= self.max_length:
             raise InvalidArgumentError(f"{where} must be {self.min_length} to "
                                        f"{self.max_length} characters long, not {len(value)}")
+        elif (problem := bad_text(value)) is not None:  # JSON's "\ud800" escape
+            raise InvalidArgumentError(f"{where} {problem}; send text without unpaired "
+                                       "\\ud800-\\udfff escapes")
         return value
 
 
@@ -119,8 +126,9 @@ _TOOLS = (
            _Param("note", "string", "Why it is made; stored with it.", min_length=1,
                   max_length=2000))),
     _Tool("restore_checkpoint",
-          "Rewind this conversation to an earlier checkpoint: it becomes the current state, "
-          "and the checkpoints made after it leave the history.",
+          "Go back to an earlier checkpoint: a new checkpoint is saved with its state, which "
+          "becomes the current state. Nothing is deleted: the checkpoints made since stay in "
+          "the history (list_checkpoints, search_checkpoints still find them).",
           (_Param("checkpoint_id", "string", "The id of the checkpoint, from list_checkpoints.",
                   required=True, **_ID_LIMITS),)),
     _Tool("search_checkpoints",
@@ -263,8 +271,10 @@ def dispatch(store: Any, thread_id: str, name: str, arguments: object, *,
     """Run the tool call ``name(arguments)`` of a model on ``thread_id`` of ``store`` (a
     ``CheckpointStore``) and return a JSON-ready result. ``arguments`` is the model's JSON text
     or dict. ``create_checkpoint`` saves ``state`` if given, else the thread's current state
-    again (a new checkpoint; content addressing stores nothing twice). After
-    ``restore_checkpoint`` the host must reload the state (``store.load(thread_id)``).
+    again (a new checkpoint; content addressing stores nothing twice). ``restore_checkpoint``
+    saves the earlier checkpoint's state as a new head (kind ``manual``, metadata
+    ``{"restored_from": id}``; nothing leaves the history); the host must then reload the
+    state (``store.load(thread_id)``).
     Raises InvalidArgumentError (give ``str(exc)`` back to the model) on a bad call."""
     tool, args = parse_call(name, arguments)
     if tool == "list_checkpoints":
@@ -284,10 +294,11 @@ def dispatch(store: Any, thread_id: str, name: str, arguments: object, *,
         return {"created": _summary(info)}
     if tool == "restore_checkpoint":
         try:
-            info = store.rewind(thread_id, args["checkpoint_id"])
+            old = store.load(thread_id, args["checkpoint_id"])
         except NotFoundError:
             raise _not_here(args["checkpoint_id"]) from None
-        return {"restored": _summary(info)}
+        info = store.save(thread_id, old.state, **_restore(old))
+        return {"restored": _summary(old), "created": _summary(info)}
     result = _searcher(store)(args["query"], thread_id=thread_id,
                               all_history=args["all_history"], limit=args["limit"])
     return _search_result(result, args["limit"])
@@ -314,10 +325,11 @@ async def adispatch(store: Any, thread_id: str, name: str, arguments: object, *,
         return {"created": _summary(info)}
     if tool == "restore_checkpoint":
         try:
-            info = await store.rewind(thread_id, args["checkpoint_id"])
+            old = await store.load(thread_id, args["checkpoint_id"])
         except NotFoundError:
             raise _not_here(args["checkpoint_id"]) from None
-        return {"restored": _summary(info)}
+        info = await store.save(thread_id, old.state, **_restore(old))
+        return {"restored": _summary(old), "created": _summary(info)}
     result = await _searcher(store)(args["query"], thread_id=thread_id,
                                     all_history=args["all_history"], limit=args["limit"])
     return _search_result(result, args["limit"])
@@ -325,3 +337,12 @@ async def adispatch(store: Any, thread_id: str, name: str, arguments: object, *,
 
 def _note(note: str | None) -> dict[str, Any] | None:
     return None if note is None else {"note": note}
+
+
+RESTORED_FROM = "restored_from"  # the metadata key naming the checkpoint a restore brought back
+
+
+def _restore(old: Any) -> dict[str, Any]:
+    """The save() arguments of a restore: a new head holding ``old``'s state (its parent the
+    current head; nothing is rewound), marked as the restore of ``old``."""
+    return {"kind": "manual", "status": "in_progress", "metadata": {RESTORED_FROM: old.id}}

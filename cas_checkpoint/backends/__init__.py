@@ -17,6 +17,10 @@ __all__ = ["MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectI
 
 
 SUPPORTED = ("memory", "s3", "s3a")  # protocols besides local paths
+DEFAULT_TIMEOUT = 30.0  # seconds to connect, and to wait for each read, of one S3 request
+# botocore makes one attempt per request: the store's own retries (retry.Backoff) are the only
+# ones, so ``retries`` attempts of ``timeout`` each bound a request (see retry.py)
+ONE_ATTEMPT = {"mode": "standard", "total_max_attempts": 1}
 
 
 def _target(url: str, storage_options: dict[str, Any] | None,
@@ -38,12 +42,22 @@ def _target(url: str, storage_options: dict[str, Any] | None,
             "compare-and-swap for refs, which it implements for a local path, memory://name "
             "and s3://bucket/prefix (S3-compatible storage too: set the endpoint URL)")
     options = dict(storage_options or {})
-    if timeout is not None and protocol in ("s3", "s3a"):
+    if protocol in ("s3", "s3a"):  # storage_options' own config_kwargs win
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", timeout)
-        config.setdefault("read_timeout", timeout)
+        config.setdefault("connect_timeout", DEFAULT_TIMEOUT if timeout is None else timeout)
+        config.setdefault("read_timeout", DEFAULT_TIMEOUT if timeout is None else timeout)
+        config.setdefault("retries", dict(ONE_ATTEMPT))
         options["config_kwargs"] = config
     return protocol, path, options
+
+
+def _one_attempt(fs: Any) -> Any:
+    """s3fs retries each call 5 times on its own (``S3FileSystem.retries``, a class attribute,
+    not an option): once here, so the store's retries are the only ones. Only filesystems made
+    from a URL are changed; one passed to ``backend_for`` keeps its settings."""
+    if "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        fs.retries = 1
+    return fs
 
 
 def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
@@ -69,7 +83,7 @@ def open_backend(url: str, storage_options: dict[str, Any] | None = None,
     protocol, path, options = _target(url, storage_options, timeout)
     if protocol is None:
         return _local(url, path, create)
-    fs = _filesystem(url, protocol, options)
+    fs = _one_attempt(_filesystem(url, protocol, options))
     return backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
 
 
@@ -92,7 +106,7 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
     # loop (or be a sync one), so this one is never shared. s3fs binds its client to the loop
     # that runs set_session (an asynchronous fs has no loop of its own): this one.
     options.update(asynchronous=True, skip_instance_cache=True)
-    fs = _filesystem(url, protocol, options)
+    fs = _one_attempt(_filesystem(url, protocol, options))
     backend = backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
     try:
         await fs.set_session()

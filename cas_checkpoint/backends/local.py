@@ -29,7 +29,27 @@ LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, 
 REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
 _datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 MAX_REF_FILE = slots.max_file(MAX_REF_BYTES)  # a ref file larger than this is refused unread
+REPAIR = ("Run `cas-checkpoint verify STORE` to see what each slot holds, then `cas-checkpoint "
+          "repair-ref STORE THREAD --use-slot N` (keep a whole slot's head) or `--remove`")
 TORN_READS = 100  # a reader that keeps finding no valid slot in changing bytes gives up then
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock on ``fd``: what an older version wrote into the lock file, or the
+    pid ``/proc/locks`` names (Linux), or "another process"."""
+    with suppress(OSError):
+        note = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        if note:
+            return note
+    with suppress(OSError, ValueError):
+        st = os.fstat(fd)
+        ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if "FLOCK" in parts and ident in parts and "->" not in parts:
+                    return f"pid {parts[parts.index(ident) - 1]}"
+    return "another process"
 
 
 class LocalBackend(Backend):
@@ -55,6 +75,9 @@ class LocalBackend(Backend):
         # per ref key, the slot this object last wrote: (seq, checksum, head, version), so
         # that reading it back hashes nothing (its exact bytes are checked instead)
         self._written: dict[str, tuple[int, bytes, bytes, str]] = {}
+        # per ref key, the slots of a file last read that is not at rest as a finished update
+        # leaves it (two valid slots, a torn or damaged slot): what verify reports
+        self.ref_notes: dict[str, slots.Reading] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
@@ -201,9 +224,11 @@ class LocalBackend(Backend):
             at += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)  # (b"" for an empty file)
 
-    def _head_of(self, key: str, data: bytes) -> tuple[bytes, slots.Live | None] | None:
+    def _head_of(self, key: str, data: bytes) -> tuple[bytes, slots.Live | None] | str | None:
         """(head, live slot) of a ref file's bytes: a one-piece ref is its head (no slot);
-        None for a slotted file with no valid slot (being written, or damaged)."""
+        None for a slotted file with no valid slot (being written, or damaged); a str (what
+        is wrong, slot by slot) for one whose newest head is damaged. Notes in
+        ``ref_notes`` a slotted file that is not at rest as a finished update leaves it."""
         if not slots.is_slotted(data):
             if len(data) > MAX_REF_BYTES:
                 raise FormatError(f"ref {key} in {self.root} is {len(data)} bytes, larger than "
@@ -211,21 +236,68 @@ class LocalBackend(Backend):
             return data, None
         known = self._written.get(key)
         try:
-            got = slots.live(data, None if known is None else known[:3])
+            got = slots.read(data, None if known is None else known[:3])
         except ValueError as exc:
             raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; run "
                               "`cas-checkpoint verify`") from None
-        if got is None:
+        if got.settled:
+            self.ref_notes.pop(key, None)
+        else:
+            self.ref_notes[key] = got
+        if got.error is not None:
+            return f"{got.error} ({got.describe()})"
+        if got.live is None:
             return None
-        if len(got.head) > MAX_REF_BYTES:
-            raise FormatError(f"ref {key} in {self.root} holds a head of {len(got.head)} "
+        if len(got.live.head) > MAX_REF_BYTES:
+            raise FormatError(f"ref {key} in {self.root} holds a head of {len(got.live.head)} "
                               f"bytes, larger than any valid ref ({MAX_REF_BYTES})")
-        return got.head, got
+        return got.live.head, got.live
 
-    def _no_slot(self, key: str) -> IntegrityError:
-        return IntegrityError("a valid slot", "none", f"ref {key} in {self.root} (both slots "
-                              "fail their checksums: the file is damaged; run "
-                              "`cas-checkpoint verify`)")
+    def _no_slot(self, key: str, why: str | None = None,
+                 data: bytes | None = None) -> IntegrityError:
+        if why is None:
+            why = "both slots fail their checksums (neither holds a whole head): it is damaged"
+            with suppress(ValueError):
+                why += f" ({slots.read(data).describe()})" if data is not None else ""
+        exc = IntegrityError("a valid slot", "none", f"ref {key} in {self.root}")
+        exc.args = (f"ref {key} in {self.root} cannot be read: {why}. {REPAIR}",)
+        return exc
+
+    def repair_ref(self, key: str, use_slot: int | None) -> str:
+        """Under the ref's lock: rewrite the ref whole with the head of slot ``use_slot`` (it
+        must be whole), or (None) remove the ref and its lock file. What the ref held is
+        given up: only for a ref that cannot be read (``cas-checkpoint repair-ref``)."""
+        path = self._path(key)
+        try:
+            with self._locked(path):
+                with open(path, "rb") as f:
+                    data = f.read(MAX_REF_FILE + 1)
+                if use_slot is None:
+                    self._remove(key, path)
+                    return "removed"
+                if not slots.is_slotted(data) or len(data) > MAX_REF_FILE:
+                    raise FormatError(f"ref {key} in {self.root} is not a slotted ref: choose "
+                                      "--remove")
+                try:
+                    reading = slots.read(data)
+                except ValueError as exc:
+                    raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; choose "
+                                      "--remove") from None
+                chosen = reading.slots[use_slot]
+                if chosen.state != "valid":
+                    raise FormatError(f"slot {use_slot} of ref {key} does not hold a whole "
+                                      f"head ({reading.describe()}); choose another --use-slot "
+                                      "or --remove")
+                seq = max(s.seq for s in reading.slots) + 1
+                os.replace(self._write_tmp(path, slots.new_file(seq, chosen.head)), path)
+                self._fsync_dir(os.path.dirname(path))
+                self._written.pop(key, None)
+                self.ref_notes.pop(key, None)
+                return f"kept slot {use_slot}"
+        except FileNotFoundError:
+            raise NotFoundError(f"{key} does not exist in {self.root}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot repair ref {key} in {self.root}: {exc}") from exc
 
     def read_ref(self, key: str) -> tuple[bytes, str] | None:
         path = self._path(key)
@@ -245,13 +317,13 @@ class LocalBackend(Backend):
             finally:
                 os.close(fd)
             got = self._head_of(key, data)
-            if got is not None:
+            if isinstance(got, tuple):
                 return got[0], self._version_of(key, got[0])
-            if data == last:  # the same bytes twice, and no valid slot: damaged, not torn
-                break
+            if data == last:  # the same bytes twice, and no head to read: damaged, not torn
+                raise self._no_slot(key, got, data)
             last = data  # read while a writer was rewriting it: read again
             time.sleep(0.0005)
-        raise self._no_slot(key)
+        raise self._no_slot(key, None, last)
 
     @contextmanager
     def _locked(self, path: str) -> Iterator[float]:
@@ -261,27 +333,35 @@ class LocalBackend(Backend):
         if fcntl is None:  # pragma: no cover
             raise StorageError("local refs need fcntl.flock, which this platform lacks")
         lock = path + ".lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            started, delay = time.monotonic(), 0.001
-            while True:
-                try:  # released by the kernel if its holder dies
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    waited = time.monotonic() - started
-                    if waited >= LOCK_WAIT:
-                        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-                        raise StorageError(
-                            f"gave up after {waited:.1f} s waiting for the lock {lock}, held by "
-                            f"{holder or 'another process'}: a writer of this thread is stalled. "
-                            "Retry; if it stays stuck, stop that process") from None
-                    time.sleep(min(delay, LOCK_WAIT - waited))
-                    delay = min(delay * 2, 0.05)
-            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".ljust(64).encode(), 0)
-            yield time.monotonic() - started
-        finally:
-            os.close(fd)
+        started, delay = time.monotonic(), 0.001
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                while True:
+                    try:  # released by the kernel if its holder dies
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        waited = time.monotonic() - started
+                        if waited >= LOCK_WAIT:
+                            raise StorageError(
+                                f"gave up after {waited:.1f} s waiting for the lock {lock}, held "
+                                f"by {_holder(fd)}: a writer of this thread is stalled. Retry; "
+                                "if it stays stuck, stop that process") from None
+                        time.sleep(min(delay, LOCK_WAIT - waited))
+                        delay = min(delay * 2, 0.05)
+                # A lock file is removed (under its lock) with its thread: one that was removed
+                # while we waited is no lock any more; take the one at its name now.
+                try:
+                    same = os.path.samestat(os.fstat(fd), os.stat(lock))
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    # (nothing is written into it: a lock file holds no clear information)
+                    yield time.monotonic() - started
+                    return
+            finally:
+                os.close(fd)
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
                   refresh: Callable[[], None] | None = None) -> str:
@@ -300,13 +380,16 @@ class LocalBackend(Backend):
                 try:
                     current = None
                     if fd >= 0:
-                        current = self._head_of(key, self._read_file(key, fd))
-                        if current is None:  # no writer but us: it is damaged
-                            raise self._no_slot(key)
+                        held = self._read_file(key, fd)
+                        got = self._head_of(key, held)
+                        if not isinstance(got, tuple):  # no writer but us: it is damaged
+                            raise self._no_slot(key, got, held)
+                        current = got
                     if (self._version_of(key, current[0]) if current else None) != expected:
                         raise RefMismatch(key)
                     live = current[1] if current else None
-                    if live is not None and slots.fits(live.slot, len(data)):
+                    if live is not None and live.fmt == slots.FORMAT and slots.fits(
+                            live.slot, len(data)):
                         slot = self._write_slot(fd, live, data)
                         return self._wrote(key, live.seq + 1, slot, data)
                 finally:
@@ -344,6 +427,10 @@ class LocalBackend(Backend):
             while view:
                 done = os.pwrite(fd, view, at)
                 view, at = view[done:], at + done
+            # Once the new slot is whole, the live one names it as its successor (outside its
+            # checksum), flushed with it: if the retire below is lost and the new slot is later
+            # damaged, readers raise instead of stepping back to the old head (slots.read).
+            os.pwrite(fd, slots.next_mark(live.seq + 1), live.index * live.slot + slots.NEXT_AT)
             _datasync(fd)  # the file's size is unchanged: this makes the new slot durable
         except BaseException:
             # Not acknowledged, so not visible either: retire the new slot again (best
@@ -364,10 +451,18 @@ class LocalBackend(Backend):
                 current = self.read_ref(key)
                 if current is None or current[1] != expected:
                     raise RefMismatch(key)
-                os.unlink(path)
-                self._fsync_dir(os.path.dirname(path))
+                self._remove(key, path)
         except OSError as exc:
             raise StorageError(f"cannot delete ref {key} in {self.root}: {exc}") from exc
+
+    def _remove(self, key: str, path: str) -> None:
+        """Remove a ref file and its lock file (under its lock)."""
+        os.unlink(path)
+        with suppress(FileNotFoundError):
+            os.unlink(path + ".lock")
+        self._fsync_dir(os.path.dirname(path))
+        self._written.pop(key, None)
+        self.ref_notes.pop(key, None)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every file under ``prefix``; a folder that cannot be read raises StorageError (never

@@ -8,10 +8,12 @@
   overwrite each other's refs, so writing is refused unless the caller passed
   ``allow_unsafe=True``;
 * transient failures (timeouts, resets, 5xx, throttling) are retried with bounded exponential
-  backoff and jitter; permanent ones (access denied, no such bucket, bad key) fail at once;
+  backoff and jitter, ``retries`` attempts of at most ``timeout`` each in all (botocore and
+  s3fs retry nothing themselves, ``backends/__init__.py``); permanent ones (access denied, no
+  such bucket, bad key) fail at once;
 * every ref write carries a unique write id in its user metadata (``x-amz-meta-cas-write-id``).
   When a conditional PUT fails with a 412 or an ambiguous error (its reply may have been lost,
-  and botocore's own retry of an applied PUT gets a 412), the ref is read again: if it carries
+  and a retry of an applied PUT gets a 412), the ref is read again: if it carries
   our write id, the write was applied and succeeds, instead of being reported as a conflict and
   appended twice.
 
@@ -34,6 +36,7 @@ import asyncio
 import builtins
 import errno
 import logging
+import os
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
@@ -48,7 +51,14 @@ from ..errors import (
     StorageError,
     UnsafeStorageError,
 )
-from ..retry import Backoff, error_code, is_connection_error, is_precondition, is_transient
+from ..retry import (
+    Backoff,
+    error_code,
+    is_connection_error,
+    is_precondition,
+    is_timeout,
+    is_transient,
+)
 from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
 
 log = logging.getLogger("cas_checkpoint")
@@ -76,7 +86,7 @@ async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
 
 class S3Backend(Backend):
     concurrency = 32
-    backoff = Backoff()  # our retries, on top of botocore's and s3fs's own
+    backoff = Backoff()  # the only retries of a store opened from a URL (see retry.py)
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
                  retries: int | None = None) -> None:
@@ -132,6 +142,20 @@ class S3Backend(Backend):
         method on a thread (the base class's ``run_blocking``)."""
         return self.asynchronous or asyncio.get_running_loop() is self.fs.loop
 
+    def endpoint(self) -> str:
+        """The URL the S3 client sends its requests to, for error messages."""
+        meta = getattr(getattr(self.fs, "_s3", None), "meta", None)
+        url = getattr(meta, "endpoint_url", None) or (
+            getattr(self.fs, "client_kwargs", None) or {}).get("endpoint_url") or (
+            os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+        return str(url) if url else "AWS S3 (the region's default endpoint)"
+
+    def timeout(self) -> float | None:
+        """The client's read timeout in seconds (connect and read are both ``timeout=``)."""
+        config = getattr(self.fs, "config_kwargs", None) or {}
+        value = config.get("read_timeout", getattr(self.fs, "read_timeout", None))
+        return float(value) if isinstance(value, int | float) else None
+
     def _fail(self, what: str, exc: BaseException) -> StorageError:
         code = _code(exc) or type(exc).__name__
         hint = {
@@ -140,15 +164,27 @@ class S3Backend(Backend):
             "InvalidAccessKeyId": "check the credentials",
             "SignatureDoesNotMatch": "check the secret key",
         }.get(code, "check the endpoint, credentials and network, then retry")
-        if is_connection_error(exc) and not self._answered:
+        where = f"{self.url} (endpoint {self.endpoint()})"
+        limit = self.timeout()
+        within = f" within {limit:g} s" if limit is not None else ""
+        slow = ("if it is only slow, raise timeout= (--timeout on the command line)"
+                + (" and retries= (--retries)" if self._answered else ""))
+        if not self._answered and is_timeout(exc):
+            hint = (f"the endpoint did not answer{within}, and it has not answered once "
+                    "since the store was opened, so it was not retried; "
+                    "check the endpoint URL (endpoint_url / AWS_ENDPOINT_URL, --endpoint-url), "
+                    f"that the server runs and answers, and the network; {slow}. Nothing "
+                    "half-written is ever visible")
+        elif is_connection_error(exc) and not self._answered:
             hint = ("the endpoint could not be reached at all (refused, unknown host or no "
-                    "answer); check the URL, endpoint_url / AWS_ENDPOINT_URL, the network and "
-                    "that the server runs. Nothing was written")
+                    "answer); check the URL, endpoint_url / AWS_ENDPOINT_URL (--endpoint-url), "
+                    "the network and that the server runs. Nothing was written")
         elif is_transient(exc):
-            hint = (f"the storage kept failing after {self.backoff.attempts} attempts with "
-                    "backoff (and botocore's own retries); check the endpoint and network, then "
-                    "retry: nothing half-written is ever visible")
-        return StorageError(f"{what} failed on {self.url}: {code}: {exc}; {hint}")
+            hint = (f"the storage kept failing after {self.backoff.attempts} attempts"
+                    + (f" of up to {limit:g} s each" if limit and is_timeout(exc) else "")
+                    + f" with backoff; check the endpoint and network; {slow}; then retry: "
+                    "nothing half-written is ever visible")
+        return StorageError(f"{what} failed on {where}: {code}: {exc}; {hint}")
 
     async def _mapped(self, what: str, coro: Awaitable[T]) -> T:
         """Await ``coro``; a storage failure becomes a StorageError saying ``what`` failed.
@@ -162,23 +198,33 @@ class S3Backend(Backend):
             err = exc if isinstance(exc, OSError) else _as_oserror(exc)
             raise self._fail(what, err) from err
 
+    async def _spend(self, what: str, exc: Exception, failed: int) -> int:
+        """A storage call that had ``failed`` failures fails again with ``exc``: raise it unless
+        another try is worth it (a transient failure, attempts left, and an endpoint that has
+        answered before: one that was never reached or never answered is a wrong URL or a dead
+        server), else wait the backoff and return the new count. Each try of each request
+        waits at most the client's timeout (botocore and s3fs make one attempt each), so a
+        call takes at most about ``retries`` x ``timeout`` plus the backoff."""
+        if failed + 1 >= self.backoff.attempts or not is_transient(exc):
+            raise exc
+        if not self._answered and (is_connection_error(exc) or is_timeout(exc)):
+            raise exc
+        log.debug("%s on %s: transient %s: %s; retrying (attempt %d)", what, self.url,
+                  type(exc).__name__, exc, failed + 1)
+        await asyncio.sleep(self.backoff.delay(failed))
+        return failed + 1
+
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, again after a transient failure (bounded, exponential backoff with
         jitter); a permanent failure or a precondition failure is raised at once."""
-        for attempt in range(self.backoff.attempts):
+        failed = 0
+        while True:
             try:
                 result = await call()
                 self._answered = True
                 return result
             except Exception as exc:
-                if attempt + 1 >= self.backoff.attempts or not is_transient(exc):
-                    raise
-                if not self._answered and is_connection_error(exc):
-                    raise  # never reached: a wrong endpoint or a server that is down
-                log.debug("%s on %s: transient %s: %s; retrying (attempt %d)", what, self.url,
-                          type(exc).__name__, exc, attempt + 1)
-            await asyncio.sleep(self.backoff.delay(attempt))
-        raise AssertionError("unreachable")
+                failed = await self._spend(what, exc, failed)
 
     async def _s3(self, method: str, **kw: Any) -> Any:
         """One S3 call with our retries; idempotent calls only."""
@@ -204,28 +250,30 @@ class S3Backend(Backend):
                           ) -> tuple[bytes, str, str] | None:
         """(body, ETag, write id) of a key read in one GET, or None if it does not exist.
         With ``limit``, a larger object is refused (FormatError) before its body is read."""
-        async def once() -> tuple[bytes, str, str] | None:
-            try:
-                resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
-                                              Key=self._key(key))
-            except FileNotFoundError as exc:
-                if _code(exc) == "NoSuchBucket":
-                    raise
-                return None
-            body = resp["Body"]
-            size = resp.get("ContentLength")
-            if limit is not None and isinstance(size, int) and size > limit:
-                body.close()
-                raise FormatError(f"{key} on {self.url} is {size} bytes, larger than any valid "
-                                  f"ref ({limit}); it is corrupt or hostile")
-            try:  # a reply cut short fails here, and is retried with the request
-                data = bytes(await body.read())
-            finally:
-                body.close()
-            meta = resp.get("Metadata") or {}
-            return data, str(resp["ETag"]), str(meta.get(WRITE_ID, ""))
+        return await self._retrying(f"reading {key}", lambda: self._get_once(key, limit))
 
-        return await self._retrying(f"reading {key}", once)
+    async def _get_once(self, key: str, limit: int | None = None
+                        ) -> tuple[bytes, str, str] | None:
+        """``_get_object`` in one attempt (a failure is raised as it is)."""
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
+                                          Key=self._key(key))
+        except FileNotFoundError as exc:
+            if _code(exc) == "NoSuchBucket":
+                raise
+            return None
+        body = resp["Body"]
+        size = resp.get("ContentLength")
+        if limit is not None and isinstance(size, int) and size > limit:
+            body.close()
+            raise FormatError(f"{key} on {self.url} is {size} bytes, larger than any valid "
+                              f"ref ({limit}); it is corrupt or hostile")
+        try:  # a reply cut short fails here, and is retried with the request
+            data = bytes(await body.read())
+        finally:
+            body.close()
+        meta = resp.get("Metadata") or {}
+        return data, str(resp["ETag"]), str(meta.get(WRITE_ID, ""))
 
     def get(self, key: str) -> bytes:
         data = self.get_many([key])[key]
@@ -338,29 +386,33 @@ class S3Backend(Backend):
         cond = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
 
         async def go() -> str:
-            failure: BaseException | None = None
-            for attempt in range(self.backoff.attempts):
+            failed = 0  # transient failures of this call's requests: the PUTs and re-reads
+            while True:
+                failure: Exception | None = None
                 try:
                     resp = await self.fs._call_s3("put_object", Bucket=self.bucket,
                                                   Key=self._key(key), Body=data,
                                                   Metadata={WRITE_ID: wid}, **cond)
+                    self._answered = True
                     return str(resp["ETag"])
                 except Exception as exc:  # 404: If-Match on a deleted key
-                    refused = _is_precondition(exc) or _is_missing(exc)
-                    if not refused and not is_transient(exc):
-                        raise
                     failure = exc
+                refused = _is_precondition(failure) or _is_missing(failure)
+                if refused:
+                    self._answered = True
+                else:  # no reply: wait, then see whether it landed
+                    failed = await self._spend(f"updating ref {key}", failure, failed)
                 # Refused, or no reply: did our PUT land (a lost reply, retried into a 412)?
-                now = await self._get_object(key)
+                try:
+                    now = await self._get_once(key)
+                except Exception as exc:
+                    failed = await self._spend(f"updating ref {key}", exc, failed)
+                    continue  # PUT again: if the last one landed, this one is refused
                 if now is not None and now[2] == wid:
                     log.debug("ref %s: write %s was applied, its reply was lost", key, wid)
                     return now[1]
                 if refused or (now[1] if now else None) != expected:
                     raise RefMismatch(key) from failure
-                if attempt + 1 < self.backoff.attempts:  # not applied, ref unchanged: again
-                    await asyncio.sleep(self.backoff.delay(attempt))
-            assert failure is not None
-            raise failure
 
         return await self._mapped(f"updating ref {key}", go())
 
@@ -373,26 +425,30 @@ class S3Backend(Backend):
         await self._acheck_safe()
 
         async def go() -> None:
-            failure: BaseException | None = None
-            for attempt in range(self.backoff.attempts):
+            failed = 0  # transient failures of this call's requests: the DELETEs and re-reads
+            while True:
+                failure: Exception | None = None
                 try:
                     await self.fs._call_s3("delete_object", Bucket=self.bucket,
                                            Key=self._key(key), IfMatch=expected)
+                    self._answered = True
                     return
                 except Exception as exc:
-                    refused = _is_precondition(exc) or _is_missing(exc)
-                    if not refused and not is_transient(exc):
-                        raise
                     failure = exc
-                now = await self._get_object(key)
+                refused = _is_precondition(failure) or _is_missing(failure)
+                if refused:
+                    self._answered = True
+                else:
+                    failed = await self._spend(f"deleting ref {key}", failure, failed)
+                try:
+                    now = await self._get_once(key)
+                except Exception as exc:
+                    failed = await self._spend(f"deleting ref {key}", exc, failed)
+                    continue
                 if now is None:  # gone, as wanted (our delete whose reply was lost, or another)
                     return
                 if refused or now[1] != expected:
                     raise RefMismatch(key) from failure
-                if attempt + 1 < self.backoff.attempts:
-                    await asyncio.sleep(self.backoff.delay(attempt))
-            assert failure is not None
-            raise failure
 
         await self._mapped(f"deleting ref {key}", go())
 

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from .. import CasError
-from . import demo, move, read, write
+from . import demo, move, read, repair, write
 from .common import ERROR, CliError, add_store_options, duration, positive_int
 
 Command = Callable[[argparse.Namespace], int]
@@ -129,6 +129,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("delete-thread", write.cmd_delete_thread, "remove a thread (objects stay until gc)")
     p.add_argument("store")
     p.add_argument("thread")
+    repair.add(cmd)
     p = cmd("prune", write.cmd_prune, "drop old checkpoints from threads' histories")
     p.add_argument("store")
     p.add_argument("thread", nargs="?", default=None, help="one thread (default: every thread)")

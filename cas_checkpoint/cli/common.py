@@ -32,6 +32,13 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--storage-option", action="append", default=[], metavar="K=V",
                    help="an fsspec storage option (repeatable; V parsed as JSON if it can be, "
                    "e.g. anon=true)")
+    g.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                   help="s3:// stores: how long one request may wait to connect, and for each "
+                   "read of its answer, before it fails (default 30)")
+    g.add_argument("--retries", type=attempts, default=None, metavar="N",
+                   help="s3:// stores: attempts at a failing request, 1-100 (default 6; an "
+                   "endpoint that never answered is tried once). A request gives up after "
+                   "about N x SECONDS plus a few seconds of backoff")
     g.add_argument("--types", choices=["langgraph"], default=None,
                    help="decode the types this framework stores (langgraph: LangChain messages, "
                    "Send, Command...; needs `pip install 'cas_checkpoint[langgraph]'`)")
@@ -100,7 +107,9 @@ def open_store(args: argparse.Namespace, url: str | None = None, *,
     holds no store is an error, and nothing is created."""
     url = args.store if url is None else url
     return CheckpointStore.open(url, storage_options=storage_options(args), types=_types(args),
-                                create=create, encryption=encryption(args))
+                                create=create, encryption=encryption(args),
+                                timeout=getattr(args, "timeout", None),
+                                retries=getattr(args, "retries", None))
 
 
 # --- naming checkpoints ---
@@ -180,6 +189,31 @@ def positive_int(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
     return n
+
+
+def seconds(text: str) -> float:
+    """``--timeout``: a positive number of seconds (at most a day)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds; write e.g. --timeout 10") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive number of seconds up to 86400; write e.g. --timeout 10")
+    return value
+
+
+def attempts(text: str) -> int:
+    """``--retries``: a whole number of attempts from 1 to 100."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number from 1 to 100; write e.g. --retries 3")
+    return value
 
 
 # --- JSON ---

@@ -1,7 +1,12 @@
 """``cas-checkpoint demo``: what the store is for, on one screen. A 200-step tool-calling agent,
 a fork and a rewind; the bytes stored beside a copy-per-checkpoint store (SQLite rows of
 msgpack, as LangGraph's savers keep them) written in the same run; the forked thread's graph;
-a diff of two neighbours; verify."""
+a diff of two neighbours; verify.
+
+The demo never replaces a thread it did not write: every checkpoint it saves carries the
+metadata ``{"demo": True}``. A second run replaces the demo's two threads when each of their
+checkpoints carries that mark (the same command run again); when a thread of either name holds
+anything else, it refuses (exit 2) before writing anything."""
 
 from __future__ import annotations
 
@@ -16,10 +21,11 @@ import msgpack
 
 from .. import CheckpointId
 from .._fmt import human_bytes
-from .common import OK, PROBLEMS, open_store
+from .common import OK, PROBLEMS, CliError, open_store
 from .render import graph, info_line
 
 MAIN, FORK = "support-agent", "support-agent/what-if"
+MADE_BY = {"demo": True}  # in every checkpoint the demo saves: its mark
 STEPS, FORK_AT, FORK_STEPS, REWIND = 200, 120, 10, 5
 TOPICS = ["refund policy", "CSV export quota", "SSO login loop", "invoice currency",
           "webhook retries", "data residency", "API rate limits", "seat pricing"]
@@ -63,11 +69,27 @@ class _CopyStore:
         return os.path.getsize(self.path)
 
 
+def _own_threads(store: Any) -> list[str]:
+    """The demo's threads this store holds, each written by the demo alone; CliError when a
+    thread of the demo's names holds a checkpoint the demo did not save."""
+    present = [t for t in (MAIN, FORK) if store.head(t) is not None]
+    theirs = [t for t in present if any(
+        {k: i.metadata.get(k) for k in MADE_BY} != MADE_BY for i in store.history(t))]
+    if theirs:
+        names = " and ".join(repr(t) for t in theirs)
+        raise CliError(
+            f"{store.url} already holds {names}, the thread name(s) the demo writes, with "
+            "checkpoints the demo did not save; the demo would replace them, so it wrote "
+            "nothing. Run it on an empty folder (`cas-checkpoint demo ./another-folder`), or "
+            "delete them first (`cas-checkpoint delete-thread STORE THREAD`)")
+    return present
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     store = open_store(args, create=True)
-    for thread in (MAIN, FORK):  # a second run starts afresh
-        if store.head(thread) is not None:
-            store.delete_thread(thread)
+    mine = _own_threads(store)  # (raises, before anything is written, on a thread not ours)
+    for thread in mine:  # a second run starts afresh
+        store.delete_thread(thread)
     before = store.storage_bytes()
     with tempfile.TemporaryDirectory(prefix="cas-demo-") as tmp:
         copies = _CopyStore(tmp)
@@ -78,7 +100,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for i in range(STEPS):
             state["messages"].append(_message(i))
             state["step"] = i + 1
-            info = store.save(MAIN, state, metadata={"node": state["messages"][-1]["role"]},
+            info = store.save(MAIN, state, metadata={"node": state["messages"][-1]["role"],
+                                                     **MADE_BY},
                               label=f"answer-{(i + 1) // 4}" if i % 40 == 39 else None)
             copies.save(MAIN, info.id, state)
             if i + 1 == FORK_AT:
@@ -88,7 +111,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for i in range(FORK_AT, FORK_AT + FORK_STEPS):
             branch["messages"].append(_message(i, branch="(what-if) "))
             branch["step"] = i + 1
-            info = store.save(FORK, branch, metadata={"node": branch["messages"][-1]["role"]})
+            info = store.save(FORK, branch, metadata={"node": branch["messages"][-1]["role"],
+                                                      **MADE_BY})
             copies.save(FORK, info.id, branch)
         store.rewind(MAIN, store.history(MAIN, limit=REWIND + 1)[-1].id)  # undo 5 steps
         copy_bytes = copies.size()

@@ -160,16 +160,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     store = open_store(args)
     repack = args.repack and not args.keyless  # a repack rewrites packs: it needs the key
-    repacked = store.repack(dry_run=args.dry_run) if repack else None
-    with bar(args, "gc") as progress:
+    with bar(args, "gc") as progress:  # (arguments checked first; a dry run predicts the run)
         report = store.gc(grace=args.grace, dry_run=args.dry_run, progress=progress,
-                          force=args.force)
+                          force=args.force, repack=repack)
+    repacked = report.repack
     if args.json:
         out = report.to_dict()
         if args.dry_run:
             out["would_delete"] = list(report.deleted)
-        if repacked is not None:
-            out["repack_freed_bytes"] = repacked.freed_bytes
         emit_json(out)
         return OK
     if repacked is not None:
