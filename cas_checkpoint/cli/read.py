@@ -12,9 +12,10 @@ from rich.table import Table
 
 from .. import CasError, CheckpointInfo, CheckpointStore
 from .._fmt import human_bytes
-from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store, resolve
+from . import langgraph as lg
+from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store
 from .progress import bar
-from .render import follow, graph, info_line, parse_path, render
+from .render import follow, graph, info_line, parse_path, path_text, render
 
 
 def _console() -> Console:
@@ -27,52 +28,74 @@ def _stats_by_thread(store: CheckpointStore) -> dict[str, Any]:
 
 
 def cmd_threads(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store, threads = lg.open_store(args)
     rows: list[dict[str, Any]] = []
     damaged = 0
     per_thread = _stats_by_thread(store) if args.bytes else {}
-    for thread in store.threads():  # one damaged ref does not hide the others
+    for thread in threads:  # one damaged ref does not hide the others
         try:
-            hist = store.history(thread, limit=1)
-            count = store.count(thread)
+            lgt = lg.read(store, thread)
+            hist = lgt.checkpoints[:1] if lgt else store.history(thread, limit=1)
+            count = len(lgt.checkpoints) if lgt else store.count(thread)
         except CasError as exc:
             damaged += 1
             print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
             continue
         head = hist[0] if hist else None
+        step = lg.lg_meta(head).get("step") if lgt and head else head.step if head else None
         row: dict[str, Any] = {"thread": thread, "checkpoints": count,
-                               "head": head.id if head else None,
-                               "head_step": head.step if head else None,
+                               "head": head.id if head else None, "head_step": step,
                                "last_saved": head.created_at.isoformat() if head else None,
                                "head_bytes": head.size if head else 0}
+        if lgt is not None:
+            row["pending_writes"] = lgt.write_count
+            row["langgraph"] = {"thread_id": lgt.thread_id, "checkpoint_ns": lgt.ns,
+                                "checkpoint_id": head.metadata["lg"] if head else None}
         t = per_thread.get(thread)
         if t is not None:
             row["stored_bytes"] = getattr(t, "physical_bytes", None)
             row["messages"] = getattr(t, "messages", None)
         rows.append(row)
+    typed = {r["thread"]: _typed(threads, r) for r in rows}
+    any_lg = any("langgraph" in r for r in rows)
     if args.json:
         emit_json({"threads": rows, "damaged": damaged})
     else:
         table = Table(box=None, pad_edge=False)
-        for col, justify in (("thread", "left"), ("checkpoints", "right"), ("head", "left"),
-                             ("step", "right"), ("last saved (UTC)", "left"),
+        for col, justify in (("thread", "left"), ("checkpoints", "right"),
+                             *((("pending writes", "right"),) if any_lg else ()),
+                             ("head", "left"), ("step", "right"), ("last saved (UTC)", "left"),
                              ("head state", "right")):
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+            table.add_column(col, justify=justify)
         if args.bytes:
             table.add_column("stored", justify="right")
         for r in rows:
-            cells = [r["thread"], str(r["checkpoints"]), (r["head"] or "")[:12],
-                     str(r["head_step"]), (r["last_saved"] or "")[:19].replace("T", " "),
-                     human_bytes(r["head_bytes"])]
+            cells = [typed[r["thread"]], str(r["checkpoints"]),
+                     *((str(r.get("pending_writes", "")),) if any_lg else ()),
+                     (r["head"] or "")[:12], str(r["head_step"]),
+                     (r["last_saved"] or "")[:19].replace("T", " "), human_bytes(r["head_bytes"])]
             if args.bytes:
                 cells.append(human_bytes(r["stored_bytes"]) if r.get("stored_bytes") is not None
                              else "")
             table.add_row(*cells)
         if rows:
             _console().print(table)
+            if any_lg:
+                print("(LangGraph threads: checkpoints are LangGraph's, beside their pending "
+                      "writes; name one by its thread id, e.g. "
+                      f"{next(typed[r['thread']] for r in rows if 'langgraph' in r)})")
         else:
             print("(no threads)")
     return PROBLEMS if damaged else OK
+
+
+def _typed(threads: list[str], row: dict[str, Any]) -> str:
+    """How a thread is named on the command line: a LangGraph thread by its own id when that
+    id names it (its root namespace), else its store name."""
+    got = row.get("langgraph")
+    if got and got["checkpoint_ns"] == "" and got["thread_id"] not in threads:
+        return str(got["thread_id"])
+    return str(row["thread"])
 
 
 def _matches(info: CheckpointInfo, args: argparse.Namespace) -> bool:
@@ -106,8 +129,12 @@ def _forks(store: CheckpointStore, thread: str, hist: list[CheckpointInfo]) -> d
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store, threads = lg.open_store(args)
+    args.thread = lg.thread_name(threads, args.thread)
     hist = store.history(args.thread)
+    lgt = lg.split(args.thread, hist)
+    if lgt is not None:
+        return _lg_log(store, args, lgt)
     filtered = any(getattr(args, k) is not None for k in ("label", "tag", "status", "kind"))
     if args.graph and filtered:
         raise CliError("--graph draws the whole DAG: use it without --label/--tag/--status/--kind")
@@ -143,30 +170,87 @@ def cmd_log(args: argparse.Namespace) -> int:
     return OK
 
 
+def _lg_log(store: CheckpointStore, args: argparse.Namespace, lgt: lg.LgThread) -> int:
+    """A LangGraph thread's log: its checkpoints newest first (LangGraph's order), each with
+    LangGraph's step, source, next nodes and pending writes; the writes are counted, not
+    listed as checkpoints."""
+    cps = lgt.checkpoints
+    shown = [i for i in cps if _matches(i, args)]
+    if args.limit is not None:
+        shown = shown[:args.limit]
+    head = cps[0].id if cps else None
+    details = {i.id: _lg_details(store, lgt, i) for i in shown}
+    if args.json:
+        out = []
+        for info in shown:
+            d = info_dict(info)
+            d["head"] = info.id == head
+            d["langgraph"] = lg.fields(info, **details[info.id])
+            out.append(d)
+        emit_json({"thread": args.thread, "langgraph_thread": lgt.thread_id,
+                   "checkpoint_ns": lgt.ns, "checkpoints": len(cps),
+                   "pending_writes": lgt.write_count, "log": out})
+        return OK
+    print(f"thread {args.thread!r}: " + lg.header(lgt)
+          + (f", {len(shown)} shown" if len(shown) != len(cps) else ""))
+    if not args.graph:
+        for info in shown:
+            print(("* " if info.id == head else "  ") + lg.line(info, **details[info.id]))
+        return OK
+    ids = {i.id for i in shown}
+    in_log = [i for i in store.history(args.thread) if lg.is_checkpoint(i)]  # log order
+    for prefix, row in graph(in_log):
+        if row is None:
+            print(prefix)
+        elif row.id in ids:
+            print(f"{prefix}  {lg.line(row, **details[row.id])}"
+                  + ("  (latest)" if row.id == head else ""))
+    return OK
+
+
+def _lg_details(store: CheckpointStore, lgt: lg.LgThread, info: CheckpointInfo
+                ) -> dict[str, Any]:
+    """Next nodes (from the checkpoint's state), its pending writes and their special kinds
+    (from the writes' states)."""
+    writes = lgt.writes.get(str(info.metadata["lg"]), [])
+    nodes = lg.next_nodes(store.load(lgt.name, info.id).state)
+    kinds = lg.write_kinds(store.load(lgt.name, w.id).state for w in writes)
+    return {"nodes": nodes, "writes": len(writes), "kinds": kinds}
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store, threads = lg.open_store(args)
     if args.checkpoint is not None:
-        info = resolve(store, args.checkpoint, thread=args.target)
+        info = lg.resolve(store, args.checkpoint, thread=args.target, threads=threads)
     elif args.target is not None:
-        info = resolve(store, args.target)
+        info = lg.resolve(store, args.target, threads=threads)
     else:
-        threads = store.threads()
-        if len(threads) != 1:
+        named = {(got[0] if (got := lg.parse_name(t)) and any(
+            lg.parse_name(u) == (got[0], "") for u in threads) else t) for t in threads}
+        if len(named) != 1:
             raise CliError(f"the store has {len(threads)} threads: name one (or a checkpoint id)")
-        info = resolve(store, threads[0])
+        info = lg.resolve(store, named.pop(), threads=threads)
     cp = store.load(info.thread_id, info.id)
     state = cp.state
     where = "state"
     if args.path:
         steps = parse_path(args.path)
-        state = follow(state, steps)
-        where = "state" + "".join(f"[{s!r}]" if isinstance(s, int) else f"[{s!r}]"
-                                  for s in steps).replace("'", '"')
+        state = follow(state, steps, store.types)
+        where = "state" + path_text(steps)
+    lgt = lg.read(store, info.thread_id) if lg.is_checkpoint(info) else None
+    details = _lg_details(store, lgt, info) if lgt is not None else None
     if args.json:
-        emit_json({"checkpoint": info_dict(info), "path": where, "value": jsonable(state)})
+        extra = {"langgraph": lg.fields(info, **details)} if details is not None else {}
+        emit_json({"checkpoint": info_dict(info), **extra, "path": where,
+                   "value": jsonable(state)})
         return OK
     if not args.state_only:
-        print(info_line(info))
+        if lgt is not None and details is not None:
+            print(f"LangGraph thread {lgt.label}  checkpoint_id {info.metadata['lg']}"
+                  + (f"  parent {info.metadata['lgp']}" if info.metadata.get("lgp") else ""))
+            print(lg.line(info, **details))
+        else:
+            print(info_line(info))
         print(f"thread {info.thread_id!r}  id {info.id}")
         if info.parent_ids:
             print("parents " + " ".join(p for p in info.parent_ids))
@@ -181,17 +265,17 @@ def _value(v: Any) -> str:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    a = resolve(store, args.a, thread=args.thread)
-    b = resolve(store, args.b, thread=args.thread)
+    store, threads = lg.open_store(args)
+    a = lg.resolve(store, args.a, thread=args.thread, threads=threads)
+    b = lg.resolve(store, args.b, thread=args.thread, threads=threads)
     d: Any = store.diff(a.id, b.id)
     if args.json:
         emit_json({"a": info_dict(a), "b": info_dict(b), "nodes_read": d.nodes_read,
                    "changes": [{"path": c.path, "op": c.op, "old": jsonable(c.old),
                                 "new": jsonable(c.new)} for c in d.changes]})
         return OK
-    print(f"--- {a.thread_id} {a.id[:12]} (step {a.step})")
-    print(f"+++ {b.thread_id} {b.id[:12]} (step {b.step})")
+    print(f"--- {a.thread_id} {a.id[:12]} ({_step(a)})")
+    print(f"+++ {b.thread_id} {b.id[:12]} ({_step(b)})")
     for c in d.changes:
         path = "state" + c.path
         if c.op == "added":
@@ -205,12 +289,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return OK
 
 
+def _step(info: CheckpointInfo) -> str:
+    if lg.is_checkpoint(info):
+        return f"LangGraph step {lg.lg_meta(info).get('step')}, {info.metadata['lg']}"
+    return f"step {info.step}"
+
+
 def _cut(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[:n] + f" ... ({len(text) - n:,} more characters)"
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store, threads = lg.open_store(args) if args.by_thread else (open_store(args), [])
     stats: Any = store.stats(by_thread=True) if args.by_thread else store.stats()
     fields = ("threads", "checkpoints", "logical_bytes", "physical_bytes", "objects",
               "dedup_ratio")
@@ -218,6 +308,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     per = {t: jsonable(vars(s) if hasattr(s, "__dict__") else
                        {k: getattr(s, k) for k in getattr(s, "__slots__", ())})
            for t, s in (getattr(stats, "by_thread", None) or {}).items()}
+    for thread, row in per.items():
+        _lg_stats(store, thread, row)
     if args.json:
         emit_json({**total, **({"by_thread": per} if args.by_thread else {})})
         return OK
@@ -226,10 +318,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
           f"({stats.objects} packs): {stats.dedup_ratio:.1f}x less than a copy per checkpoint")
     if args.by_thread and per:
         table = Table(box=None, pad_edge=False)
-        for col in ("thread", "checkpoints", "messages", "logical", "stored", "dedup"):
+        any_lg = any("pending_writes" in s for s in per.values())
+        for col in ("thread", "checkpoints", *(("pending writes",) if any_lg else ()),
+                    "messages", "logical", "stored", "dedup"):
             table.add_column(col, justify="left" if col == "thread" else "right")
         for thread, s in per.items():
             table.add_row(thread, str(s.get("checkpoints", "")),
+                          *((str(s.get("pending_writes", "")),) if any_lg else ()),
                           "" if s.get("messages") is None else str(s["messages"]),
                           human_bytes(s.get("logical_bytes") or 0),
                           human_bytes(s.get("physical_bytes") or 0),
@@ -238,8 +333,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return OK
 
 
+def _lg_stats(store: CheckpointStore, thread: str, row: dict[str, Any]) -> None:
+    """A LangGraph thread's row: its checkpoints apart from its pending writes, and the
+    messages of its latest checkpoint (``channel_values["messages"]``)."""
+    try:
+        lgt = lg.read(store, thread)
+        if lgt is None:
+            return
+        row["checkpoints"] = len(lgt.checkpoints)
+        row["pending_writes"] = lgt.write_count
+        if lgt.checkpoints:
+            row["messages"] = lg.message_count(store.load(thread, lgt.checkpoints[0].id).state)
+    except CasError as exc:  # the figures stay the store's; say why they are not LangGraph's
+        print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store, threads = lg.open_store(args)
+    if args.thread is not None:
+        args.thread = lg.thread_name(threads, args.thread)
     with bar(args, "search", "checkpoints") as progress:
         r: Any = store.search(args.query, regex=args.regex,
                               thread_id=args.thread, all_history=args.all_history,
@@ -261,6 +373,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_store(args)
+    if args.thread is not None:
+        args.thread = lg.thread_name(store.threads(), args.thread)
     with bar(args, "verify") as progress:
         report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
                               thread_id=args.thread, progress=progress)

@@ -4,12 +4,16 @@ elided, a path into a state (``messages[-1].content``), and the parent DAG drawn
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import enum
 import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._fmt import human_bytes
+from ..extypes import TypeRegistry
 from ..model import CheckpointInfo
 from .common import CliError
 
@@ -123,14 +127,18 @@ def _render(value: Any, depth: int, out: list[str], full: bool, pad: str) -> Non
 # --- paths into a state ---
 
 _TOKEN = re.compile(r"""\.?([A-Za-z_][\w-]*)"""  # .name (or name, first)
-                    r"""|\[\s*(-?\d+)\s*\]"""  # [3], [-1]
-                    r"""|\[\s*("(?:[^"\\]|\\.)*"|'[^']*')\s*\]""")  # ["key"], ['key']
+                    r"""|\.?\[\s*(-?\d+)\s*\]"""  # [3], [-1] (.[3]: a field named 3)
+                    r"""|\.?\[\s*("(?:[^"\\]|\\.)*"|'[^']*')\s*\]"""  # ["key"], ['key']
+                    r"""|\.("(?:[^"\\]|\\.)*")"""  # ."a field"
+                    r"""|\.?\[([^\[\]]+)\]""")  # [1.5], [(1, 2)], [b'k']: a key's repr
 
 
-def parse_path(text: str) -> list[str | int]:
+def parse_path(text: str) -> list[Any]:
     """``messages[-1].content`` or ``["messages"][-1]["content"]`` -> ``["messages", -1,
-    "content"]``."""
-    steps: list[str | int] = []
+    "content"]``; every form ``search`` and ``diff`` print is read back: ``.name`` and
+    ``."a name"`` (a field of a stored object), ``[3]``, ``["key"]``, ``[repr]`` of another key
+    (``[1.5]``, ``[(1, 2)]``, read as a Python literal, never run)."""
+    steps: list[Any] = []
     pos = 0
     text = text.strip()
     if text.startswith("state"):
@@ -139,34 +147,75 @@ def parse_path(text: str) -> list[str | int]:
         m = _TOKEN.match(text, pos)
         if not m or (m.group(1) and pos and not text.startswith(".", pos)):
             raise CliError(f"cannot read the path {text!r} at {text[pos:]!r}; write it like "
-                           "messages[-1].content or ['messages'][0]")
-        name, index, quoted = m.groups()
+                           "messages[-1].content or ['messages'][0] (as search prints them)")
+        name, index, quoted, field, literal = m.groups()
         if name is not None:
             steps.append(name)
         elif index is not None:
             steps.append(int(index))
-        else:
+        elif quoted is not None:
             steps.append(json.loads(quoted) if quoted.startswith('"') else quoted[1:-1])
+        elif field is not None:
+            steps.append(json.loads(field))
+        else:
+            try:
+                steps.append(ast.literal_eval(literal.strip()))
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                raise CliError(f"cannot read the key [{literal}] in the path {text!r}: write a "
+                               "key as [3], [\"name\"] or a Python literal such as [(1, 2)]"
+                               ) from None
         pos = m.end()
     return steps
 
 
-def follow(state: Any, steps: Sequence[str | int]) -> Any:
+def path_text(steps: Sequence[Any]) -> str:
+    """Steps as a path, the way ``search`` prints dict keys: ``["messages"][3]["content"]``."""
+    return "".join(f"[{json.dumps(s, ensure_ascii=False)}]" if isinstance(s, str)
+                   else f"[{s!r}]" for s in steps)
+
+
+def stored_fields(value: Any, types: TypeRegistry | None = None) -> Any:
+    """A registered object's stored data, as the codec writes it and as ``search`` names its
+    fields (``.content``): a dataclass's or pydantic model's fields, an Enum's value, an
+    adapted class's data; None for anything else. Attributes are read, nothing is called but
+    the adapter the store was given for that class."""
+    entry = types._by_class.get(type(value)) if types is not None else None  # noqa: SLF001
+    if entry is not None and entry.to_data is not None:
+        return entry.to_data(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    model_fields = getattr(type(value), "model_fields", None)
+    if isinstance(model_fields, dict):
+        if getattr(type(value), "__pydantic_root_model__", False):
+            return value.root
+        data = {f: getattr(value, f) for f in model_fields}
+        data.update(getattr(value, "__pydantic_extra__", None) or {})
+        return data
+    return None
+
+
+def follow(state: Any, steps: Sequence[Any], types: TypeRegistry | None = None) -> Any:
     value = state
     done = ""
     for step in steps:
         try:
-            if isinstance(value, dict):
+            data = None if isinstance(value, (dict, list, tuple, str, bytes)) else \
+                stored_fields(value, types)
+            if data is not None:  # a stored object: its fields (search's .name)
+                value = data[step] if isinstance(data, dict) else {"value": data}[step]
+            elif isinstance(value, dict):
                 value = value[step]
             elif isinstance(value, (list, tuple, str, bytes)) and isinstance(step, int):
                 value = value[step]
             else:
                 raise CliError(f"state{done} is a {type(value).__name__}; it has no "
                                f"{'index' if isinstance(step, int) else 'key'} {step!r}")
-        except (KeyError, IndexError):
+        except (KeyError, IndexError, TypeError):
             raise CliError(f"state{done} has no {'item' if isinstance(step, int) else 'key'} "
                            f"{step!r}") from None
-        done += f"[{step!r}]" if isinstance(step, int) else f"[{json.dumps(step)}]"
+        done += path_text([step])
     return value
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from .. import CheckpointStore, Key, NotFoundError, PruneReport
 from .._fmt import human_bytes
+from . import langgraph as lg
 from .common import (
     OK,
     CliError,
@@ -96,27 +98,62 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise CliError("say what to keep: --keep-last N and/or --older-than DURATION "
                        "(checkpoints older than that go)")
     store = open_store(args)
-    threads = [args.thread] if args.thread else store.threads()
+    listed = store.threads()
+    threads = [lg.thread_name(listed, args.thread)] if args.thread else listed
     total = PruneReport(dry_run=args.dry_run)
+    plans: dict[str, lg.Plan] = {}
     with bar(args, "prune", "threads") as progress:
         for n, thread in enumerate(threads, 1):
-            report = store.prune(thread, keep_last=args.keep_last, older_than=args.older_than,
-                                 keep_labeled=args.keep_labeled, keep_tags=args.keep_tag,
-                                 dry_run=args.dry_run)
-            total.threads.update(report.threads)
+            lgt = lg.read(store, thread)
+            if lgt is not None:  # LangGraph's checkpoints, with their pending writes
+                plans[thread] = plan = lg.plan(
+                    lgt, keep_last=args.keep_last, older_than=args.older_than,
+                    keep_labeled=args.keep_labeled, keep_tags=args.keep_tag)
+                if not args.dry_run:
+                    lg.remove(store, thread, plan.remove_ids)
+            else:
+                report = store.prune(thread, keep_last=args.keep_last,
+                                     older_than=args.older_than,
+                                     keep_labeled=args.keep_labeled, keep_tags=args.keep_tag,
+                                     dry_run=args.dry_run)
+                total.threads.update(report.threads)
             if progress:
                 progress(n, len(threads))
     if args.json:
-        emit_json({"dry_run": args.dry_run, "kept": total.kept, "removed": total.removed,
-                   "reasons": total.reasons, "threads": {
-                       t: {"kept": list(p.kept), "removed": list(p.removed)}
-                       for t, p in sorted(total.threads.items())}})
+        out: dict[str, dict[str, Any]] = {
+            t: {"kept": list(p.kept), "removed": list(p.removed)}
+            for t, p in total.threads.items()}
+        reasons = total.reasons
+        for t, pl in plans.items():
+            out[t] = {"kept": [i.id for i in pl.kept], "removed": [i.id for i in pl.removed],
+                      "kept_pending_writes": [i.id for i in pl.kept_writes],
+                      "removed_pending_writes": [i.id for i in pl.removed_writes],
+                      "kept_checkpoint_ids": [i.metadata["lg"] for i in pl.kept],
+                      "removed_checkpoint_ids": [i.metadata["lg"] for i in pl.removed],
+                      "reasons": pl.reasons}
+            for rule, k in pl.reasons.items():
+                reasons[rule] = reasons.get(rule, 0) + k
+        emit_json({"dry_run": args.dry_run,
+                   "kept": total.kept + sum(len(p.kept) for p in plans.values()),
+                   "removed": total.removed + sum(len(p.removed) for p in plans.values()),
+                   "reasons": reasons, "threads": dict(sorted(out.items()))})
         return OK
     if args.dry_run:
         for t, p in sorted(total.threads.items()):
             for cid in p.removed:
                 print(f"would remove {t}  {cid[:12]}")
-    print(total.to_text())
+        for t, pl in sorted(plans.items()):
+            for info in pl.removed:
+                print(f"would remove {t}  {info.id[:12]}  LangGraph checkpoint "
+                      f"{info.metadata['lg']} (step {lg.lg_meta(info).get('step')})")
+    verb = "would remove" if args.dry_run else "removed"
+    for t, pl in sorted(plans.items()):
+        why = ", ".join(f"{n} {rule}" for rule, n in pl.reasons.items())
+        print(f"{t}: kept {len(pl.kept)} LangGraph checkpoints ({why or 'none'}) and their "
+              f"{len(pl.kept_writes)} pending writes, {verb} {len(pl.removed)} checkpoints and "
+              f"{len(pl.removed_writes)} pending writes")
+    if total.threads or not plans:
+        print(total.to_text())
     return OK
 
 
