@@ -6,11 +6,18 @@ geometrically (an LSM tree of packs). Pure code: the caller reads and writes.
 * Past that, they are flushed into one new level-0 pack, named by the head.
 * When the newest ``MERGE_FACTOR`` packs share a level, they are merged into one pack a level up
   (the union of their objects: a merge never drops one), and so on up. When a head would name
-  more than ``MAX_PACKS`` packs, its lowest level's packs are merged early (they are the
-  smallest, so this is cheap; the big old packs are never rewritten for it). So a head names a
-  bounded number of packs however long the thread grows, each object is rewritten about
-  log_4(thread bytes / INLINE_MAX) times, and loading a head in a new process reads the head
-  and then its packs in one parallel round.
+  more than ``MAX_PACKS`` packs, two neighbouring runs of packs (a run: packs side by side of
+  one level) are merged early into one pack a level above both: the two whose bytes add up to
+  the least (``_cheapest_runs``), so an early merge rewrites the small packs, never one big
+  pack again and again. So a head names a bounded number of packs however long the thread
+  grows, each object is rewritten about log_4(thread bytes / INLINE_MAX) times (a save writes
+  ~4.7 times its new bytes at 1,000 flushes, ~8.6 at 100,000, simulated), and loading a head in
+  a new process reads the head and then its packs in one parallel round.
+
+  (Until this version the early merge took the newest two packs when the newest level held
+  one, and gave their union a level above both: once a head was full (~4,000 flushes) the
+  newest pack was the biggest, and every save rewrote it with its new objects, the whole
+  thread's bytes each time.)
 
 A merged pack replaces its parts in the head; the parts become garbage for ``gc`` unless another
 thread (a fork) still names them.
@@ -98,12 +105,13 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     while True:
         top = packs[-MERGE_FACTOR:]
         if len(top) == MERGE_FACTOR and len({p.level for p in top}) == 1:
-            group, level = top, top[0].level + 1
+            start, end = len(packs) - MERGE_FACTOR, len(packs)
         elif len(packs) > MAX_PACKS:
-            group = _lowest_run(packs)  # the smallest packs: a cheap merge, never the big ones
-            level = max(p.level for p in group) + 1
+            start, end = _cheapest_runs(packs)  # small packs: a cheap merge, never a big one
         else:
             break
+        group = packs[start:end]
+        level = max(p.level for p in group) + 1
         parts = _read(group, fresh, read)
         merged: dict[ObjectId, bytes | memoryview] = {}
         for p in group:
@@ -116,7 +124,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         written[ref.id] = data
         plains[ref.id] = plain
         fresh[ref.id] = merged
-        packs = packs[: len(packs) - len(group)] + [ref]
+        packs[start:end] = [ref]
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
     if opened is not None:
@@ -138,13 +146,28 @@ def _inline_objects(objects: tuple[bytes, ...]) -> dict[ObjectId, bytes]:
     return {inline_id(d): d for d in objects}
 
 
-def _lowest_run(packs: list[PackRef]) -> list[PackRef]:
-    """The newest packs of the newest pack's level (levels never increase along a head's list,
-    so these are the smallest), or the newest two when that level has one."""
-    start = len(packs) - 1
-    while start > 0 and packs[start - 1].level == packs[-1].level:
-        start -= 1
-    return packs[start:] if len(packs) - start >= 2 else packs[-2:]
+def _runs(packs: list[PackRef]) -> list[tuple[int, int]]:
+    """The runs of ``packs``: (start, end) of each stretch of packs side by side of one level."""
+    out: list[tuple[int, int]] = []
+    for i, p in enumerate(packs):
+        if out and packs[out[-1][0]].level == p.level:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def _cheapest_runs(packs: list[PackRef]) -> tuple[int, int]:
+    """(start, end) of the two neighbouring runs whose packs add up to the fewest bytes (the
+    newer of two such pairs), or of the newest two packs when all are of one level. Judged by
+    bytes, not by level: a head whose levels do not fall along its list (one an older version
+    wrote, or an import's) still merges its small packs, not its big ones."""
+    runs = _runs(packs)
+    if len(runs) < 2:
+        return len(packs) - 2, len(packs)
+    sizes = [sum(p.size for p in packs[a:b]) for a, b in runs]
+    best = min(range(len(runs) - 1), key=lambda j: (sizes[j] + sizes[j + 1], -j))
+    return runs[best][0], runs[best + 1][1]
 
 
 def _read(group: list[PackRef], fresh: Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]],
