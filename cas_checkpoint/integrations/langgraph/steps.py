@@ -25,6 +25,7 @@ from ...heads import Head
 from ...model import CheckpointInfo
 from ...objects import CheckpointId
 from ...ops import Step
+from .encode import PutEncoder
 from .keys import _config, _key, _parse, _target
 from .meta import from_log, to_log
 
@@ -35,6 +36,7 @@ class Steps:
     """The reads and writes of CasSaver, over ``self._core``."""
 
     _core: Core
+    _encoder: PutEncoder
     conflicts: str
 
     def _all(self, name: str) -> Step[list[CheckpointInfo]]:
@@ -99,8 +101,8 @@ class Steps:
                         break
                 if latest != parent:
                     raise ConflictError(name, parent, latest)
-        yield from self._core.save(name, dict(checkpoint), metadata=meta, parents=parents,
-                                   check=check)
+        state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
+        yield from self._core.save(name, state, metadata=meta, parents=parents, check=check)
         return _config(thread_id, ns, checkpoint["id"])
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
