@@ -41,11 +41,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from operator import is_
+from itertools import accumulate, chain, compress, count, repeat
+from operator import add, attrgetter, is_, is_not
 from typing import Any
 
-from ...codec import TypeRegistry, encode_nested
-from ...errors import SerializationError
+from ...codec import TypeRegistry, decode, encode_nested
+from ...errors import CasError, SerializationError
 from ...scan import item_ends
 from ...shapes import array_header, map_header
 from ...tree import Encoded
@@ -53,47 +54,62 @@ from ...tree import Encoded
 KEYS = 1024  # (thread, namespace) pairs remembered
 BUDGET = 64 * 1024 * 1024  # bytes of encodings remembered in all
 
-_SCALARS = (str, int, float, bool, bytes, type(None))
+def _attrs(items: list[Any]) -> tuple[list[int], list[Any]]:
+    """What the encodings of ``items`` were made of, for a later ``is`` check: per item the
+    number of its attributes (-1: an item never reused: plain data, an object without a
+    ``__dict__`` or with pydantic extra fields), and all their values in one list. C loops
+    when every item is such an object (a list of messages), else one Python step an item."""
+    try:
+        dicts: list[dict[str, Any]] = list(map(_DICT, items))
+        if not any(map(getattr, items, repeat("__pydantic_extra__"), repeat(None))):
+            return list(map(len, dicts)), list(chain.from_iterable(map(dict.values, dicts)))
+    except (AttributeError, TypeError):  # (an item without a __dict__: a str, a dict...)
+        pass
+    lens: list[int] = []
+    flat: list[Any] = []
+    for item in items:
+        attrs = None if type(item) in _PLAIN else getattr(item, "__dict__", None)
+        if type(attrs) is dict and not getattr(item, "__pydantic_extra__", None):
+            lens.append(len(attrs))
+            flat += attrs.values()
+        else:
+            lens.append(-1)
+    return lens, flat
 
 
-def _snapshot(item: Any) -> tuple[Any, ...] | None:
-    """The very objects an item's encoding was made of, for a later ``is`` check: its
-    attributes (and a pydantic model's extra fields); None for an item that is never reused
-    (plain data, objects without a ``__dict__``)."""
-    if type(item) in _SCALARS or type(item) in (list, dict, tuple):
-        return None
-    attrs = getattr(item, "__dict__", None)
-    if type(attrs) is not dict:
-        return None
-    extra = getattr(item, "__pydantic_extra__", None)
-    if extra:
-        return (len(attrs), *attrs.values(), *extra.keys(), *extra.values())
-    return (len(attrs), *attrs.values())
-
-
-def _same(now: tuple[Any, ...], snap: tuple[Any, ...] | None) -> bool:
-    """Whether two snapshots hold the very same objects."""
-    return snap is not None and len(now) == len(snap) and all(map(is_, now, snap))
+_DICT = attrgetter("__dict__")
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None), list, dict, tuple})
 
 
 @dataclass(slots=True)
 class _Value:
-    """A channel's value at a put, and its encoding; for a list, each item, its snapshot and
-    where its bytes end (after the list's header)."""
+    """A channel's value at a put, and its encoding; for a list, each item (``items``), where
+    its bytes end in ``data`` (``ends``), whether they round trip (``exact``), and what they
+    were made of (``lens`` and ``flat``, as ``_attrs`` gives them; ``offs``: where each item's
+    values start in ``flat``)."""
 
     version: Any
     value: Any
     data: bytes
     items: list[Any] | None = None
-    snaps: list[tuple[Any, ...] | None] | None = None
-    ends: list[int] | None = None  # each item's end in data, from the start of data
-    where: dict[int, int] | None = None  # id(item) -> its index (reusable items only)
+    ends: list[int] | None = None
+    exact: list[bool] | None = None
+    lens: list[int] | None = None
+    flat: list[Any] | None = None
+    offs: list[int] | None = None
+
+    def snap(self, j: int) -> list[Any] | None:
+        """Item ``j``'s attribute values when it was encoded (None: it is never reused)."""
+        assert self.lens is not None and self.flat is not None and self.offs is not None
+        n = self.lens[j]
+        return None if n < 0 else self.flat[self.offs[j]:self.offs[j] + n]
 
 
 @dataclass(slots=True)
 class _Thread:
     values: dict[str, _Value]
     size: int
+    saved: str | None = None  # the store checkpoint whose state these encodings make
 
 
 class PutEncoder:
@@ -145,6 +161,49 @@ class PutEncoder:
         self._remember(key, kept)
         return Encoded(state, b"".join(parts))
 
+    def saved(self, thread_id: str, ns: str, state: Any, cid: str) -> None:
+        """``state`` (``state()``'s answer) was saved as store checkpoint ``cid``."""
+        with self._lock:
+            got = self._threads.get((thread_id, ns))
+        if got is not None and type(state) is Encoded:
+            got.saved = cid
+
+    def loaded(self, thread_id: str, ns: str, cid: str, checkpoint: Any) -> None:
+        """A load gave ``checkpoint``, the state of store checkpoint ``cid``, as new objects
+        (LangGraph makes its channels of them): when that is the state this encoder's last
+        put of the thread made, its lists' items are decoded from the bytes remembered, so
+        they are remembered as those bytes' objects, each one whose bytes were seen to round
+        trip (decode, encode again: the same bytes) when first encoded. The next put then
+        encodes only what the graph adds, not every message again."""
+        with self._lock:
+            got = self._threads.get((thread_id, ns))
+        if got is None or got.saved != cid or type(checkpoint) is not dict:
+            return
+        values = checkpoint.get("channel_values")
+        versions = checkpoint.get("channel_versions")
+        if type(values) is not dict or not isinstance(versions, Mapping):
+            return
+        seeded: dict[str, _Value] = {}
+        for channel, was in got.values.items():
+            value = values.get(channel)
+            if (type(value) is not list or was.items is None or was.exact is None
+                    or len(value) != len(was.items) or versions.get(channel) != was.version):
+                continue
+            lens, flat = _attrs(value)
+            if not all(was.exact):  # (an item whose bytes do not round trip: not reused)
+                offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+                keep = [n >= 0 and ok for n, ok in zip(lens, was.exact, strict=True)]
+                flat = [v for ok, a, b in zip(keep, offs, offs[1:], strict=False) if ok
+                        for v in flat[a:b]]
+                lens = [n if ok else -1 for n, ok in zip(lens, keep, strict=True)]
+            offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+            seeded[channel] = _Value(was.version, value, was.data, list(value), was.ends,
+                                     was.exact, lens, flat, offs)
+        if seeded:
+            with self._lock:
+                if self._threads.get((thread_id, ns)) is got:
+                    got.values = {**got.values, **seeded}
+
     def _check_types(self, types: TypeRegistry) -> None:
         """Drop everything when the registry is not the one the encodings were made with."""
         now = (types, types.stand_in, types.unknown, *types._by_class.values())
@@ -168,14 +227,36 @@ class PutEncoder:
     def _list(self, value: list[Any], version: Any, was: _Value | None,
               types: TypeRegistry) -> _Value:
         """A list at depth 2 (a channel's value), reusing the items of ``was`` that are the
-        same objects, unchanged."""
+        same objects with the same attributes: the prefix they share in C loops (an append),
+        the other items one by one (an item moved, e.g. after a RemoveMessage)."""
         head = array_header(len(value))
         parts: list[bytes | memoryview] = [head]
         ends: list[int] = []
-        snaps: list[tuple[Any, ...] | None] = []
-        where: dict[int, int] = {}
+        exact: list[bool] = []
         pos = len(head)
+        k = 0  # items of the common prefix reused at once
+        if was is not None and was.items is not None and was.ends is not None:
+            k = next(compress(count(), map(is_not, value, was.items)),
+                     min(len(value), len(was.items)))
+            if k:
+                assert was.lens is not None and was.flat is not None
+                lens, flat = _attrs(value[:k])
+                if -1 in lens:  # (an item never reused: the prefix ends before it)
+                    k = lens.index(-1)
+                    del lens[k:], flat[sum(lens):]
+                if lens != was.lens[:k] or not all(map(is_, flat, was.flat)):
+                    k = 0
+            if k:
+                assert was.exact is not None
+                a = len(array_header(len(was.items)))
+                parts.append(memoryview(was.data)[a:was.ends[k - 1]])
+                ends += was.ends[:k] if a == pos else map(add, was.ends[:k], repeat(pos - a))
+                pos += was.ends[k - 1] - a
+                exact += was.exact[:k]
+                self.reused += k
+        rest_lens, rest_flat = _attrs(value[k:])
         run: list[Any] = []  # items to encode, in one call
+        where: dict[int, int] | None = None
 
         def flush() -> None:
             nonlocal pos
@@ -186,33 +267,61 @@ class PutEncoder:
             got = item_ends(data, start, len(run))
             parts.append(memoryview(data)[start:])
             ends.extend(pos + e - start for e in got)
+            exact.extend(self._round_trips(data, start, got, types))
             pos += len(data) - start
             self.encoded += len(run)
             run.clear()
 
-        old_where = was.where if was is not None and was.where is not None else {}
-        old = was if old_where else None
-        for i, item in enumerate(value):
-            snap = _snapshot(item)
-            j = old_where.get(id(item)) if snap is not None else None
-            if snap is not None and j is not None and old is not None:
-                assert old.items is not None and old.snaps is not None and old.ends is not None
-                if old.items[j] is item and _same(snap, old.snaps[j]):
+        at = 0  # where item i's values start in rest_flat
+        for item, n in zip(value[k:], rest_lens, strict=True):
+            if n >= 0 and was is not None and was.items is not None:
+                if where is None:  # (built only when an item is looked for)
+                    where = dict(zip(map(id, was.items), count()))
+                j = where.get(id(item))
+                old = None if j is None or was.items[j] is not item else was.snap(j)
+                if old is not None and len(old) == n and all(map(is_, rest_flat[at:at + n],
+                                                                 old)):
+                    assert j is not None and was.ends is not None and was.exact is not None
                     flush()
-                    a = old.ends[j - 1] if j else len(array_header(len(old.items)))
-                    parts.append(memoryview(old.data)[a:old.ends[j]])
-                    pos += old.ends[j] - a
+                    a = was.ends[j - 1] if j else len(array_header(len(was.items)))
+                    parts.append(memoryview(was.data)[a:was.ends[j]])
+                    pos += was.ends[j] - a
                     ends.append(pos)
+                    exact.append(was.exact[j])
                     self.reused += 1
-                    snaps.append(snap)
-                    where[id(item)] = i
+                    at += n
                     continue
             run.append(item)
-            snaps.append(snap)
-            if snap is not None:
-                where[id(item)] = i
+            at += max(n, 0)
         flush()
-        return _Value(version, value, b"".join(parts), list(value), snaps, ends, where)
+        if k:
+            lens += rest_lens
+            flat += rest_flat
+        else:
+            lens, flat = rest_lens, rest_flat
+        offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+        return _Value(version, value, b"".join(parts), list(value), ends, exact, lens, flat,
+                      offs)
+
+    def _round_trips(self, data: bytes, start: int, ends: list[int], types: TypeRegistry
+                     ) -> list[bool]:
+        """Per item of the encoded list ``data`` (items from ``start``, each ending at
+        ``ends``): whether decoding it gives an object that encodes to the same bytes (its
+        class is registered and rebuilds it as it was). Decoded with the registry's classes
+        only: an object stored as data under its class's name does not round trip."""
+        strict = TypeRegistry()
+        strict._by_class, strict._by_name = types._by_class, types._by_name
+        try:
+            again = encode_nested(decode(data, types=strict), 2, types=types)
+        except (CasError, ValueError, TypeError):
+            return [False] * len(ends)
+        if again == data:
+            return [True] * len(ends)
+        if again[:start] != data[:start]:
+            return [False] * len(ends)
+        other = item_ends(again, start, len(ends))
+        return [a == b and data[x:a] == again[x:a]
+                for a, b, x in zip(ends, other, [start, *ends], strict=False)]
 
     def _remember(self, key: tuple[str, str], values: dict[str, _Value]) -> None:
         keep = {k: v for k, v in values.items() if len(v.data) <= BUDGET // 4}

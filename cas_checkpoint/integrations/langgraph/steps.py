@@ -102,7 +102,9 @@ class Steps:
                 if latest != parent:
                     raise ConflictError(name, parent, latest)
         state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
-        yield from self._core.save(name, state, metadata=meta, parents=parents, check=check)
+        info = yield from self._core.save(name, state, metadata=meta, parents=parents,
+                                          check=check)
+        self._encoder.saved(thread_id, ns, state, info.id)
         return _config(thread_id, ns, checkpoint["id"])
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -168,6 +170,7 @@ class Steps:
         lg = str(info.metadata["lg"])
         writes = yield from self._writes(thread_id, ns, {lg}, every)
         loaded = yield from self._core.load_many(_key(thread_id, ns), [info.id])
+        self._encoder.loaded(thread_id, ns, info.id, loaded[info.id].state)
         return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []),
                            {e.metadata.get("lg") for e in entries})
 
