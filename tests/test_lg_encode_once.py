@@ -306,3 +306,21 @@ def test_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert enc._bytes <= 64 * 1024
         assert all("big" not in t.values for t in enc._threads.values())
     assert sum(t.size for t in enc._threads.values()) == enc._bytes
+
+
+def test_a_subgraph_namespace_starts_from_the_parent_messages() -> None:
+    """A subgraph's namespace is new for each task; the messages its parent hands it are the
+    parent's objects: its first put encodes only its own new message."""
+    enc = PutEncoder()
+    msgs = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(30)]
+    _check(enc, {"channel_values": {"messages": msgs}, "channel_versions": {"messages": 1}},
+           {"messages": 1})
+    before = enc.encoded
+    got = enc.state("t", "sub:task-1", {"channel_values": {"messages": [*msgs, AIMessage(
+        content="sub", id="s")]}, "channel_versions": {"messages": 1}}, {"messages": 1}, REG)
+    assert got.data == codec.encode(got.value, types=REG)
+    assert enc.encoded - before == 1
+    msgs[3].content = "changed"  # (reassigned: seen there too)
+    got = enc.state("t", "sub:task-2", {"channel_values": {"messages": list(msgs)},
+                                        "channel_versions": {"messages": 1}}, {}, REG)
+    assert got.data == codec.encode(got.value, types=REG)

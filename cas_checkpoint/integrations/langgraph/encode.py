@@ -18,6 +18,9 @@ and namespace:
   messages, not the list;
 * everything else (ids, versions, versions_seen, small channels) is encoded each put.
 
+A subgraph's namespace (``checkpoint_ns``, new for each task) starts from the root namespace's
+lists: the messages a parent hands its subgraph are the same objects.
+
 The pieces are ``codec.encode_nested``'s bytes, joined under their maps' and lists' headers:
 exactly ``codec.encode`` of the whole state (``tests/test_lg_encode_once.py`` compares them
 over random sequences of puts), so the stored nodes are those of a fresh encoding. What this
@@ -51,8 +54,9 @@ from ...scan import item_ends
 from ...shapes import array_header, map_header
 from ...tree import Encoded
 
-KEYS = 1024  # (thread, namespace) pairs remembered
-BUDGET = 64 * 1024 * 1024  # bytes of encodings remembered in all
+KEYS = 256  # (thread, namespace) pairs remembered
+BUDGET = 16 * 1024 * 1024  # bytes of encodings remembered in all (the objects they are of
+# are held too: the graph holds those of a live thread anyway)
 
 def _attrs(items: list[Any]) -> tuple[list[int], list[Any]]:
     """What the encodings of ``items`` were made of, for a later ``is`` check: per item the
@@ -136,6 +140,7 @@ class PutEncoder:
         key = (thread_id, ns)
         with self._lock:
             old = self._threads.get(key)
+            root = self._threads.get((thread_id, "")) if ns else None
         versions = state.get("channel_versions")
         if not isinstance(versions, Mapping):
             versions = {}
@@ -151,8 +156,12 @@ class PutEncoder:
                 for channel, cv in values.items():
                     parts.append(encode_nested(channel, 2, types=types))
                     was = old.values.get(channel) if old is not None else None
-                    got = self._value(cv, versions.get(channel), channel in new_versions, was,
-                                      types)
+                    changed = was is None or channel in new_versions
+                    if was is None and root is not None and type(cv) is list:
+                        # a subgraph's first put: its messages are the parent's objects
+                        was = root.values.get(channel)
+                        was = was if was is not None and was.items is not None else None
+                    got = self._value(cv, versions.get(channel), changed, was, types)
                     parts.append(got.data)
                     if type(channel) is str:
                         kept[channel] = got
