@@ -238,6 +238,11 @@ def test_a_load_lets_the_next_put_encode_only_the_new_messages() -> None:
     _check(enc, {"v": 4, "id": "3", "channel_values": {"messages": again},
                  "channel_versions": {"messages": 3}}, {"messages": 3})
     assert enc.encoded - before == 51
+    # a save reported for an older put than the last one tags nothing
+    enc.saved("t", "", got, "cid-old")
+    enc.loaded("t", "", "cid-old", codec.decode(got.data, types=REG))
+    assert all(v.value is not loaded["channel_values"]["messages"]
+               for t in enc._threads.values() for v in t.values.values())
 
 
 def test_a_field_reassigned_or_an_attribute_added_is_encoded_again() -> None:

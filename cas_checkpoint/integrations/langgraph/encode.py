@@ -49,7 +49,6 @@ from operator import add, attrgetter, is_, is_not
 from typing import Any
 
 from ...codec import TypeRegistry, decode, encode_nested
-from ...errors import CasError, SerializationError
 from ...scan import item_ends
 from ...shapes import array_header, map_header
 from ...tree import Encoded
@@ -113,6 +112,7 @@ class _Value:
 class _Thread:
     values: dict[str, _Value]
     size: int
+    lg: Any = None  # the LangGraph checkpoint id of the put that made them
     saved: str | None = None  # the store checkpoint whose state these encodings make
 
 
@@ -165,16 +165,16 @@ class PutEncoder:
                     parts.append(got.data)
                     if type(channel) is str:
                         kept[channel] = got
-        except SerializationError:
-            return state
-        self._remember(key, kept)
+        except Exception:  # (SerializationError; or an object's __getattr__ that raised)
+            return state  # the save encodes it whole: its error names the value's place
+        self._remember(key, kept, state.get("id"))
         return Encoded(state, b"".join(parts))
 
     def saved(self, thread_id: str, ns: str, state: Any, cid: str) -> None:
         """``state`` (``state()``'s answer) was saved as store checkpoint ``cid``."""
         with self._lock:
             got = self._threads.get((thread_id, ns))
-        if got is not None and type(state) is Encoded:
+        if got is not None and type(state) is Encoded and got.lg == state.value.get("id"):
             got.saved = cid
 
     def loaded(self, thread_id: str, ns: str, cid: str, checkpoint: Any) -> None:
@@ -184,6 +184,12 @@ class PutEncoder:
         they are remembered as those bytes' objects, each one whose bytes were seen to round
         trip (decode, encode again: the same bytes) when first encoded. The next put then
         encodes only what the graph adds, not every message again."""
+        try:
+            self._seed(thread_id, ns, cid, checkpoint)
+        except Exception:  # (an object's __getattr__ that raised: nothing is learned)
+            return
+
+    def _seed(self, thread_id: str, ns: str, cid: str, checkpoint: Any) -> None:
         with self._lock:
             got = self._threads.get((thread_id, ns))
         if got is None or got.saved != cid or type(checkpoint) is not dict:
@@ -322,7 +328,7 @@ class PutEncoder:
         strict._by_class, strict._by_name = types._by_class, types._by_name
         try:
             again = encode_nested(decode(data, types=strict), 2, types=types)
-        except (CasError, ValueError, TypeError):
+        except Exception:  # (CasError, or a registered class's from_data that raised)
             return [False] * len(ends)
         if again == data:
             return [True] * len(ends)
@@ -332,9 +338,9 @@ class PutEncoder:
         return [a == b and data[x:a] == again[x:a]
                 for a, b, x in zip(ends, other, [start, *ends], strict=False)]
 
-    def _remember(self, key: tuple[str, str], values: dict[str, _Value]) -> None:
+    def _remember(self, key: tuple[str, str], values: dict[str, _Value], lg: Any) -> None:
         keep = {k: v for k, v in values.items() if len(v.data) <= BUDGET // 4}
-        entry = _Thread(keep, sum(len(v.data) for v in keep.values()))
+        entry = _Thread(keep, sum(len(v.data) for v in keep.values()), lg)
         with self._lock:
             old = self._threads.pop(key, None)
             if old is not None:
