@@ -18,6 +18,13 @@ and namespace:
   messages, not the list;
 * everything else (ids, versions, versions_seen, small channels) is encoded each put.
 
+Each invoke starts with a ``get_tuple``, whose state is new objects decoded from storage; when
+it is the checkpoint this encoder's last put of the thread made (``saved``, ``loaded``), its
+lists' items are remembered as the objects of the bytes they were decoded from, those whose
+bytes were seen to round trip (decode, encode again: the same bytes) when first encoded (a
+registered class that rebuilds an object otherwise is encoded again). So an invoke's first put
+too encodes only the input.
+
 A subgraph's namespace (``checkpoint_ns``, new for each task) starts from the root namespace's
 lists: the messages a parent hands its subgraph are the same objects.
 
@@ -56,6 +63,7 @@ from ...tree import Encoded
 KEYS = 256  # (thread, namespace) pairs remembered
 BUDGET = 16 * 1024 * 1024  # bytes of encodings remembered in all (the objects they are of
 # are held too: the graph holds those of a live thread anyway)
+
 
 def _attrs(items: list[Any]) -> tuple[list[int], list[Any]]:
     """What the encodings of ``items`` were made of, for a later ``is`` check: per item the
