@@ -329,3 +329,71 @@ def test_a_subgraph_namespace_starts_from_the_parent_messages() -> None:
     got = enc.state("t", "sub:task-2", {"channel_values": {"messages": list(msgs)},
                                         "channel_versions": {"messages": 1}}, {}, REG)
     assert got.data == codec.encode(got.value, types=REG)
+
+
+def test_a_real_graph_stores_byte_for_byte_what_a_fresh_encoding_stores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every put of a real graph (a tool loop, a subgraph over the same messages, a
+    RemoveMessage every few turns, an update_state, a replay from an older checkpoint, two
+    savers over one store): the encoding the encoder made equals codec.encode of the
+    checkpoint, and most puts reuse encodings."""
+    from langchain_core.messages import RemoveMessage
+
+    checked = {"encoded": 0, "whole": 0}
+    state = PutEncoder.state
+
+    def checking(self: PutEncoder, thread_id: str, ns: str, checkpoint: Any, new: Any,
+                 types: Any) -> Any:
+        got = state(self, thread_id, ns, checkpoint, new, types)
+        if type(got) is tree.Encoded:
+            assert got.data == codec.encode(dict(checkpoint), types=types)
+            checked["encoded"] += 1
+        else:
+            checked["whole"] += 1
+        return got
+
+    monkeypatch.setattr(PutEncoder, "state", checking)
+
+    sub = StateGraph(State)
+    sub.add_node("note", lambda s: {"messages": [AIMessage(
+        content=f"note {len(s['messages'])}", id=f"n{len(s['messages'])}")]})
+    sub.add_edge(START, "note")
+    subgraph = sub.compile()
+
+    def trim(s: Any) -> dict[str, Any]:
+        if len(s["messages"]) % 5 == 0:
+            return {"messages": [RemoveMessage(id=s["messages"][0].id)]}
+        return {}
+
+    g = StateGraph(State)
+    g.add_node("agent", _agent)
+    g.add_node("tools", _tools)
+    g.add_node("sub", subgraph)
+    g.add_node("trim", trim)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges(
+        "agent", lambda s: "tools" if getattr(s["messages"][-1], "tool_calls", None) else "sub",
+        ["tools", "sub"])
+    g.add_edge("tools", "agent")
+    g.add_edge("sub", "trim")
+    g.add_edge("trim", END)
+    url = "memory://encode-once-real"
+    app = g.compile(checkpointer=CasSaver.from_url(url))
+    cfg: Any = {"configurable": {"thread_id": "real"}}
+    for turn in range(1, 13):
+        app.invoke({"messages": [HumanMessage(content=f"q{turn}", id=f"h{turn}")]}, cfg)
+        if turn == 4:
+            app.update_state(cfg, {"messages": [HumanMessage(content="edit", id="e")]})
+        if turn == 8:  # replay from an older checkpoint (a fork)
+            old = list(app.get_state_history(cfg))[6].config
+            app.invoke({"messages": [HumanMessage(content="fork", id="f")]}, old)
+    other = g.compile(checkpointer=CasSaver.from_url(url))  # a second saver, same thread
+    other.invoke({"messages": [HumanMessage(content="other", id="o")]}, cfg)
+    app.invoke({"messages": [HumanMessage(content="last", id="l")]}, cfg)
+    assert checked["whole"] == 0 and checked["encoded"] > 100
+    enc = app.checkpointer._encoder
+    assert enc.reused > 4 * enc.encoded
+    values = app.get_state(cfg).values
+    assert "l" in [m.id for m in values["messages"]]
+    fresh = g.compile(checkpointer=CasSaver.from_url(url))  # (new objects, empty caches)
+    assert fresh.get_state(cfg).values == values
