@@ -144,7 +144,10 @@ class PutEncoder:
         values = state.get("channel_values")
         if type(values) is not dict:
             return state
-        self._check_types(types)
+        try:
+            self._check_types(types)
+        except RuntimeError:  # (a class registered meanwhile, from another thread)
+            return state
         key = (thread_id, ns)
         with self._lock:
             old = self._threads.get(key)
@@ -229,7 +232,7 @@ class PutEncoder:
 
     def _check_types(self, types: TypeRegistry) -> None:
         """Drop everything when the registry is not the one the encodings were made with."""
-        now = (types, types.stand_in, types.unknown, *types._by_class.values())
+        now = (types, types.stand_in, types.unknown, *tuple(types._by_class.values()))
         if len(now) != len(self._types) or not all(map(is_, now, self._types)):
             with self._lock:
                 self._threads.clear()
