@@ -10,9 +10,10 @@ middleware hooks (``ContextMiddleware.before_agent``, ..., ``model``, ...,
 of 5 items (rewritten every 4th turn), a model-call counter, and small dicts (``run_context``,
 ``usage``, ``memory``). A turn is ``await graph.ainvoke({"messages": [HumanMessage]}, config)``
 on one thread: the scripted ``model`` node answers with an ``AIMessage``, so a turn adds two
-messages of ~128 bytes (110 characters of seeded text, fixed ids); the other nodes write small
-updates or nothing. LangGraph's default durability ("async") issues the puts and pending
-writes as concurrent tasks while the next step runs. SqliteSaver has no async methods: its
+messages of 128 characters of seeded text (fixed ids; ~260-290 bytes each encoded with their
+LangChain fields); the other nodes write small updates or nothing. LangGraph's default
+durability ("async") issues the puts and pending writes as concurrent tasks while the next step
+runs. SqliteSaver has no async methods: its
 rows run the same graph (sync nodes) through ``graph.invoke``. Before the measured turns every
 case runs one untimed warm-up turn on another thread (imports, S3's once-per-process probe of
 conditional writes); its few KB are in every store's bytes.
@@ -148,7 +149,7 @@ WORDS = ("agent", "tool", "search", "result", "the", "of", "plan", "step", "quer
          "document", "found", "next", "call", "user", "todo")
 
 
-def text(seed: int, size: int = 110) -> str:
+def text(seed: int, size: int = 128) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(size // 4))[:size]
 
