@@ -65,9 +65,7 @@ import json
 import os
 import platform
 import random
-import re
 import resource
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -86,41 +84,23 @@ from langgraph.graph.message import add_messages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import (  # noqa: E402
+    count_fsyncs,
+    fsync_marker,
+    median,
+    moto_s3_process,
+    s3_size,
+    strace_fsyncs,
+    strace_works,
+    table,
+    tree_size,
+)
+
 SAVERS = ("sqlite-async", "sqlite", "cas-local", "cas-local-sync", "cas-memory", "cas-s3")
 NAMES = {"sqlite-async": "AsyncSqliteSaver", "sqlite": "SqliteSaver (sync)",
          "cas-local": "CasSaver local", "cas-local-sync": "CasSaver local (sync)",
          "cas-memory": "CasSaver memory://", "cas-s3": "CasSaver S3 (moto)"}
 DEFAULT_SAVERS = "sqlite-async,sqlite,cas-local,cas-s3"
-MARK = re.compile(r"\bfsync\(987654\b")
-MARK_FD = 987654  # never open: fsync fails with EBADF, and strace logs it
-SYNC_CALL = re.compile(r"(?<![<\w])(fsync|fdatasync)\(\d")
-
-
-def strace_works() -> bool:
-    if shutil.which("strace") is None:
-        return False
-    try:
-        got = subprocess.run(["strace", "-f", "--seccomp-bpf", "-e", "trace=fsync", "-o",
-                              os.devnull, sys.executable, "-c", "pass"],
-                             capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return got.returncode == 0
-
-
-def count_fsyncs(trace: str) -> int | None:
-    """fsync/fdatasync calls between the case's two ``fsync(987654)`` markers in strace's output."""
-    inside, n, marks = False, 0, 0
-    for line in trace.splitlines():
-        if MARK.search(line):
-            marks += 1
-            inside = marks == 1
-            continue
-        if inside and SYNC_CALL.search(line):
-            n += 1
-    return n if marks >= 2 else None
-
-
 def run_case(saver: str, turns: int, fsyncs: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         out = os.path.join(tmp, "result.json")
@@ -128,8 +108,7 @@ def run_case(saver: str, turns: int, fsyncs: str) -> dict[str, Any]:
                "--out", out, "--fsyncs", fsyncs]
         trace = os.path.join(tmp, "strace.txt")
         if fsyncs == "strace":
-            cmd = ["strace", "-f", "--seccomp-bpf", "-e", "trace=fsync,fdatasync", "-o",
-                   trace] + cmd
+            cmd = strace_fsyncs(trace) + cmd
         got = subprocess.run(cmd, capture_output=True, text=True)
         if got.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"case {saver}:{turns} failed (exit {got.returncode}):\n"
@@ -329,6 +308,7 @@ class Meter:
         return total
 
     def count_fsyncs(self) -> None:
+        """Wraps os.fsync/os.fdatasync, and every alias of them a loaded module holds."""
         for name in ("fsync", "fdatasync"):
             orig = getattr(os, name, None)
             if orig is None:
@@ -339,7 +319,10 @@ class Meter:
                     self.fsyncs += 1
                 _o(fd)
 
-            setattr(os, name, counted)
+            for module in [os, *sys.modules.values()]:
+                for attr, value in list(getattr(module, "__dict__", {}).items()):
+                    if value is orig:
+                        setattr(module, attr, counted)
 
     def count_s3(self) -> None:
         from aiobotocore.client import AioBaseClient  # type: ignore[import-untyped]
@@ -352,12 +335,6 @@ class Meter:
             return await orig(client, operation_name, api_params)
 
         AioBaseClient._make_api_call = counted
-
-
-def marker() -> None:
-    """An ``fsync(987654)`` (EBADF) that strace logs: the measured turns lie between two."""
-    with contextlib.suppress(OSError):
-        os.fsync(MARK_FD)
 
 
 def rss() -> int:
@@ -406,27 +383,14 @@ class Store:
     def size(self) -> tuple[int, int]:
         """(bytes, files) of everything the store holds."""
         if self.kind == "cas-s3":
-            import boto3  # type: ignore[import-untyped]
-
             assert self.opts is not None
-            s3 = boto3.client("s3", **self.opts["client_kwargs"])
-            n = size = 0
-            for page in s3.get_paginator("list_objects_v2").paginate(
-                    Bucket="bench", Prefix=self.url.split("/", 3)[3] + "/"):
-                for obj in page.get("Contents", ()):
-                    n, size = n + 1, size + obj["Size"]
-            return size, n
+            return s3_size(self.opts, "bench", self.url.split("/", 3)[3] + "/")
         if self.kind == "cas-memory":
             import fsspec
 
-            fs = fsspec.filesystem("memory")
-            found = fs.find(self.url, detail=True)
+            found = fsspec.filesystem("memory").find(self.url, detail=True)
             return sum(int(v["size"]) for v in found.values()), len(found)
-        n = size = 0
-        for folder, _, files in os.walk(self.dir):
-            for name in files:
-                n, size = n + 1, size + os.path.getsize(os.path.join(folder, name))
-        return size, n
+        return tree_size(self.dir)
 
     def compact(self) -> None:
         if self.kind.startswith("sqlite"):
@@ -467,7 +431,7 @@ async def turns(store: Store, meter: Meter, n_turns: int, res: dict[str, Any],
         meter.wrap(type(saver), asynchronous)
         graph = build_graph(saver, asynchronous)
         await call(graph, "invoke", human(0), config("warm-up"))
-        marker()
+        fsync_marker()
         for t in range(n_turns):
             before = collections.Counter(meter.calls)
             meter.on = True
@@ -478,7 +442,7 @@ async def turns(store: Store, meter: Meter, n_turns: int, res: dict[str, Any],
             res["write_times"].append(meter.busy())
             res["calls_per_turn"].append([meter.calls[k] - before[k]
                                           for k in ("get", "put", "writes")])
-        marker()
+        fsync_marker()
         res["rss_turns"] = rss()
         res["bytes_running"], res["files_running"] = store.size()
         t0 = time.perf_counter()
@@ -501,10 +465,8 @@ async def turns(store: Store, meter: Meter, n_turns: int, res: dict[str, Any],
 
 def case_main(kind: str, n_turns: int, out: str, fsyncs: str) -> None:
     meter = Meter()
-    if fsyncs == "python":  # before cas_checkpoint binds os.fdatasync at its import
+    if fsyncs == "python":
         meter.count_fsyncs()
-    from _common import median, moto_s3_process
-
     res: dict[str, Any] = {"saver": kind, "turns": n_turns, "turn_times": [], "write_times": [],
                            "calls_per_turn": []}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(
@@ -546,8 +508,6 @@ def mb(n: float | None) -> str:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    from _common import table
-
     rows1: list[list[Any]] = []
     rows2: list[list[Any]] = []
     for r in results:
