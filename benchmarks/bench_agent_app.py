@@ -548,6 +548,11 @@ def report(results: list[dict[str, Any]]) -> str:
                 table(["saver", "turns", "turn median", "turn last 10%", "write ms",
                        "store running", "after gc", "latest open / new", "history 10 / 100",
                        "peak RSS"], rows3)]
+    for r in results:
+        if r.get("s3_ops"):
+            out.append(f"{NAMES[r['saver']]}, {r['turns']} turns: S3 API calls per turn: "
+                       + ", ".join(f"{op} {n / r['turns']:.1f}"
+                                   for op, n in sorted(r["s3_ops"].items())))
     return "\n".join(out)
 
 
