@@ -225,9 +225,12 @@ class AsyncCheckpointStore:
         return await self._run(self._core.rewind(thread_id, checkpoint_id,
                                                  expected_head=expected_head))
 
-    async def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
-        """Remove one checkpoint from a thread (see ``CheckpointStore.delete``)."""
-        await self._run(self._core.delete(thread_id, checkpoint_id))
+    async def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+                     expected_head: CheckpointId | None = UNSET) -> None:
+        """Remove these checkpoints from a thread in one compare-and-swap (see
+        ``CheckpointStore.delete``)."""
+        await self._run(self._core.delete(thread_id, *checkpoint_ids,
+                                          expected_head=expected_head))
 
     async def delete_thread(self, thread_id: str) -> None:
         """Remove a thread's ref; its objects stay until gc."""

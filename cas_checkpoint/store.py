@@ -257,10 +257,14 @@ class CheckpointStore:
         return self._run(self._core.rewind(thread_id, checkpoint_id,
                                            expected_head=expected_head))
 
-    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
-        """Remove one checkpoint from a thread. If it was the head, the head moves to its
-        parent (or the newest remaining checkpoint); the last one removed deletes the thread."""
-        self._run(self._core.delete(thread_id, checkpoint_id))
+    def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+               expected_head: CheckpointId | None = UNSET) -> None:
+        """Remove these checkpoints from a thread, in one compare-and-swap (refs only; objects
+        stay until repack and gc): checkpoints saved meanwhile stay, and an id not in the thread
+        raises NotFoundError with nothing removed. If the head goes, it moves to its nearest
+        ancestor that stays (or the newest remaining checkpoint); removing every checkpoint
+        deletes the thread. With ``expected_head``, another head raises ConflictError."""
+        self._run(self._core.delete(thread_id, *checkpoint_ids, expected_head=expected_head))
 
     def delete_thread(self, thread_id: str) -> None:
         """Remove a thread's ref; its objects stay until gc."""

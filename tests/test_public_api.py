@@ -43,6 +43,11 @@ def test_store_methods() -> None:
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY
                for p in ("label", "tags", "metadata", "expected_head", "status", "kind",
                          "reason"))
+    for cls in (CheckpointStore, AsyncCheckpointStore):  # several ids, one compare-and-swap
+        params = inspect.signature(cls.delete).parameters
+        assert list(params) == ["self", "thread_id", "checkpoint_ids", "expected_head"], cls
+        assert params["checkpoint_ids"].kind is inspect.Parameter.VAR_POSITIONAL
+        assert params["expected_head"].kind is inspect.Parameter.KEYWORD_ONLY
     for method, names in (("find", ("status", "kind")), ("history", ("status", "kind")),
                           ("stats", ("by_thread",))):
         params = inspect.signature(getattr(CheckpointStore, method)).parameters
