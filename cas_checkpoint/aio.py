@@ -176,11 +176,12 @@ class AsyncCheckpointStore:
 
     async def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                      all_history: bool = False, limit: int | None = None,
-                     progress: Callable[[int, int], object] | None = None) -> SearchResult:
+                     progress: Callable[[int, int], object] | None = None,
+                     checkpoint_id: CheckpointId | None = None) -> SearchResult:
         """Str values matching ``query`` (see ``CheckpointStore.search``)."""
         return await self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
                                            all_history=all_history, limit=limit,
-                                           progress=progress))
+                                           progress=progress, checkpoint_id=checkpoint_id))
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,

@@ -206,13 +206,16 @@ class CheckpointStore:
 
     def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                all_history: bool = False, limit: int | None = None,
-               progress: Callable[[int, int], object] | None = None) -> SearchResult:
+               progress: Callable[[int, int], object] | None = None,
+               checkpoint_id: CheckpointId | None = None) -> SearchResult:
         """The str values that contain ``query`` (case-insensitive; ``regex=True``: a Python
-        regular expression) in the head of every thread (or of ``thread_id``), or with
-        ``all_history`` in every checkpoint of them: ``r.matches``, each a ``Match(thread_id,
-        checkpoint_id, path, snippet)``. Nodes that threads share are read once."""
+        regular expression) in the head of every thread (or of ``thread_id``; with
+        ``checkpoint_id``, in that checkpoint of it), or with ``all_history`` in every
+        checkpoint of them: ``r.matches``, each a ``Match(thread_id, checkpoint_id, path,
+        snippet)``. Nodes that threads share are read once."""
         return self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
-                                     all_history=all_history, limit=limit, progress=progress))
+                                     all_history=all_history, limit=limit, progress=progress,
+                                     checkpoint_id=checkpoint_id))
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,

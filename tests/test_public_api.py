@@ -36,7 +36,7 @@ def test_store_methods() -> None:
     assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
     params = inspect.signature(CheckpointStore.search).parameters
     assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
-                            "progress"]
+                            "progress", "checkpoint_id"]
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[2:])
     params = inspect.signature(CheckpointStore.save).parameters
     assert list(params)[:3] == ["self", "thread_id", "state"]

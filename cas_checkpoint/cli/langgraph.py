@@ -369,3 +369,27 @@ def remove(store: CheckpointStore, name: str, ids: set[CheckpointId]) -> None:
     objects stay until repack and gc). Entries saved meanwhile stay."""
     if ids:
         store.delete(name, *sorted(ids))
+
+
+# --- history edits ---
+
+
+def with_writes(lgt: LgThread, infos: Iterable[CheckpointInfo]) -> set[CheckpointId]:
+    """These checkpoints' entries and their pending writes' entries."""
+    ids: set[CheckpointId] = set()
+    for info in infos:
+        ids.add(info.id)
+        ids.update(w.id for w in lgt.writes.get(str(info.metadata.get("lg")), []))
+    return ids
+
+
+def newer(lgt: LgThread, info: CheckpointInfo) -> list[CheckpointInfo]:
+    """The checkpoints LangGraph put after ``info`` (its ids grow with time)."""
+    return [i for i in lgt.checkpoints if str(i.metadata["lg"]) > str(info.metadata["lg"])]
+
+
+def namespaces(threads: list[str], spec: str) -> list[str]:
+    """Every store thread of LangGraph thread ``spec`` (one per namespace), or ``[spec]``."""
+    if spec in threads:
+        return [spec]
+    return sorted(t for t in threads if (got := parse_name(t)) and got[0] == spec) or [spec]
