@@ -7,6 +7,7 @@ the real entry point."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -530,3 +531,95 @@ def test_stats_tells_checkpoints_and_pending_writes_apart(
     assert code == 0 and f"1 threads, {cps} checkpoints and {writes} pending writes" in out, err
     got = run_json(capsys, "stats", url)
     assert (got["checkpoints"], got["pending_writes"]) == (cps, writes)
+
+
+# --- classes the store was not given: shown as their name and data, never imported ---
+
+_SHIPPING = '''
+import dataclasses, enum, pathlib, os
+pathlib.Path(os.environ["CAS_IMPORT_MARK"]).write_text("imported")
+
+class Speed(enum.Enum):
+    FAST = "fast"
+
+@dataclasses.dataclass
+class Parcel:
+    sku: str
+    speed: Speed
+'''
+
+
+def _stand_in_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A CasSaver thread (no types=) whose state holds a pydantic model defined in a function,
+    and a dataclass and an enum of a module that marks a file when it is imported."""
+    mark = tmp_path / "imported"
+    monkeypatch.setenv("CAS_IMPORT_MARK", str(mark))
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "shipping_cas_test.py").write_text(_SHIPPING)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    import shipping_cas_test as ship
+
+    class Decision(BaseModel):
+        ok: bool
+        note: str
+
+    class Order(TypedDict):
+        parcel: Any
+        decision: Any
+
+    def pack(s: Order) -> dict[str, Any]:
+        return {"parcel": ship.Parcel("blue-widget", ship.Speed.FAST)}
+
+    def decide(s: Order) -> dict[str, Any]:
+        return {"decision": Decision(ok=True, note="approved " + s["parcel"].sku)}
+
+    b = StateGraph(Order)
+    b.add_node("pack", pack)
+    b.add_node("decide", decide)
+    b.add_edge(START, "pack")
+    b.add_edge("pack", "decide")
+    b.add_edge("decide", END)
+    url = str(tmp_path / "s")
+    graph = b.compile(checkpointer=CasSaver(CheckpointStore.open(url)))
+    graph.invoke({"parcel": None, "decision": None}, cfg("agent-1"))
+    mark.unlink()
+    return url, mark
+
+
+def test_stand_ins_show_with_their_class_name_and_are_never_imported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, mark = _stand_in_thread(tmp_path, monkeypatch)
+    got = run_json(capsys, "show", url, "agent-1", "--path", "channel_values")["value"]
+    assert got["parcel"] == {"$class": "shipping_cas_test.Parcel",
+                             "data": {"sku": "blue-widget", "speed": {
+                                 "$class": "shipping_cas_test.Speed", "data": "fast"}}}
+    assert got["decision"]["data"] == {"ok": True, "note": "approved blue-widget"}
+    assert got["decision"]["$class"].endswith("<locals>.Decision")
+    code, out, err = run(capsys, "show", url, "agent-1", "--state-only")
+    assert code == 0 and '<shipping_cas_test.Parcel> {' in out and '"sku": "blue-widget"' in out
+    assert '<shipping_cas_test.Speed> "fast"' in out, err
+    code, out, err = run(capsys, "show", url, "agent-1", "--path",
+                         "channel_values.decision.note", "--state-only")
+    assert (code, out.strip()) == (0, '"approved blue-widget"'), err
+    code, out, err = run(capsys, "log", url, "agent-1")
+    assert code == 0 and out.count("checkpoint_id=") == 4, err
+    code, out, err = run(capsys, "diff", url, "agent-1~1", "agent-1")
+    assert code == 0 and '+ state["channel_values"]["decision"]' in out.replace(
+        '~ state["channel_values"]["decision"]', '+ state["channel_values"]["decision"]'), err
+    assert "<locals>.Decision>" in out and '"approved blue-widget"' in out
+    found = run_json(capsys, "search", url, "approved")["matches"]
+    assert [m["path"] for m in found] == ['["channel_values"]["decision"].note']
+    code, out, err = run(capsys, "verify", url, "--deep")
+    assert code == 0 and "OK" in out, err
+    # a fresh process where the class's module could be imported: nothing imports it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), *sys.path])}
+    for args, shows in ((["show", url, "agent-1"], "<shipping_cas_test.Parcel>"),
+                        (["log", url, "agent-1"], "checkpoint_id="),
+                        (["diff", url, "agent-1~2", "agent-1"], "<shipping_cas_test.Parcel>"),
+                        (["search", url, "widget", "--all-history"], ".sku  blue-widget"),
+                        (["show", url, "agent-1", "--types", "langgraph"], "<shipping_cas")):
+        done = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and shows in done.stdout, (args, done.stderr)
+    assert not mark.exists()
