@@ -37,4 +37,4 @@ def test_durations_sum_the_phases_of_the_tests_every_saver_ran(
     suite.print_durations(got)
     out = capsys.readouterr().out
     assert "cas_local" in out and "4.00x memory, 2.00x sqlite" in out
-    assert "0.50x memory" in out  # sqlite beside memory
+    assert "(2.00x memory)" in out and "(0.50x sqlite)" in out  # the references side by side
