@@ -500,27 +500,12 @@ class Core:
         yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                     current=current)
 
-    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> Step[None]:
-        cid = check_id(checkpoint_id)
-
-        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
-            if ref is None or ref.head.head is None:
-                raise NotFoundError(f"thread {thread_id!r} does not exist")
-            entries = yield from self.refs.entries(ref.head)
-            gone = next((e for e in entries if e.id == cid), None)
-            if gone is None:
-                raise self._not_in(thread_id, cid)
-            kept = [e for e in entries if e.id != cid]
-            if not kept:
-                return None, {}
-            head_id = ref.head.head
-            if head_id == cid:
-                ids = {e.id for e in kept}
-                head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
-            return (yield from self.refs.rebuilt(ref.head, kept, head_id))
-
-        yield from self._edit(thread_id, change)
-        log.info("delete %s from %r", cid, thread_id)
+    def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+               expected_head: CheckpointId | None = UNSET) -> Step[None]:
+        ids = retention.check_ids(checkpoint_ids)
+        yield from self._edit(thread_id, retention.removal(self.refs, thread_id, ids),
+                              expected_head=expected_head)
+        log.info("delete %s from %r", ", ".join(sorted(ids)), thread_id)
 
     def retain(self, thread_id: str, keep: set[CheckpointId]) -> Step[None]:
         """Keep only these checkpoints in the thread's log (the head moves to the newest kept

@@ -24,10 +24,7 @@ from typing import Any
 
 from .. import CheckpointInfo, CheckpointStore, NotFoundError
 from .._fmt import human_bytes
-from ..heads import Head
-from ..objects import CheckpointId, ObjectId
-from ..ops import Step
-from ..refs import Ref
+from ..objects import CheckpointId
 from . import common
 from .common import CliError
 
@@ -369,21 +366,30 @@ def _delta_counters(info: CheckpointInfo) -> list[str]:
 
 def remove(store: CheckpointStore, name: str, ids: set[CheckpointId]) -> None:
     """Remove exactly these entries from a thread's log, in one compare-and-swap (refs only; the
-    objects stay until repack and gc). Entries saved meanwhile stay: the set is removed from
-    whatever the log holds when the swap happens. (The public API removes one checkpoint per
-    swap, which for a long thread rebuilds its log once per entry.)"""
-    if not ids:
-        return
-    core = store._core  # noqa: SLF001 - the store's own engine, as prune and delete drive it
+    objects stay until repack and gc). Entries saved meanwhile stay."""
+    if ids:
+        store.delete(name, *sorted(ids))
 
-    def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
-        if ref is None or ref.head.head is None:
-            raise NotFoundError(f"thread {name!r} does not exist (deleted meanwhile?)")
-        entries = yield from core.refs.entries(ref.head)
-        kept = [e for e in entries if e.id not in ids]
-        if not kept:
-            return None, {}
-        head = ref.head.head if ref.head.head not in ids else kept[-1].id
-        return (yield from core.refs.rebuilt(ref.head, kept, head))
 
-    store._run(core._edit(name, change))  # noqa: SLF001
+# --- history edits ---
+
+
+def with_writes(lgt: LgThread, infos: Iterable[CheckpointInfo]) -> set[CheckpointId]:
+    """These checkpoints' entries and their pending writes' entries."""
+    ids: set[CheckpointId] = set()
+    for info in infos:
+        ids.add(info.id)
+        ids.update(w.id for w in lgt.writes.get(str(info.metadata.get("lg")), []))
+    return ids
+
+
+def newer(lgt: LgThread, info: CheckpointInfo) -> list[CheckpointInfo]:
+    """The checkpoints LangGraph put after ``info`` (its ids grow with time)."""
+    return [i for i in lgt.checkpoints if str(i.metadata["lg"]) > str(info.metadata["lg"])]
+
+
+def namespaces(threads: list[str], spec: str) -> list[str]:
+    """Every store thread of LangGraph thread ``spec`` (one per namespace), or ``[spec]``."""
+    if spec in threads:
+        return [spec]
+    return sorted(t for t in threads if (got := parse_name(t)) and got[0] == spec) or [spec]
