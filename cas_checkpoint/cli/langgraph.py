@@ -24,30 +24,14 @@ from typing import Any
 
 from .. import CheckpointInfo, CheckpointStore, NotFoundError
 from .._fmt import human_bytes
+from ..integrations.lgnames import name_of as name_of
+from ..integrations.lgnames import parse_name as parse_name
 from ..objects import CheckpointId
 from . import common
 from .common import CliError
 
-PREFIX = "lg:"
 SPECIAL = {"__interrupt__": "interrupt", "__error__": "error", "__resume__": "resume"}
 _LG_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f-]{1,27}")  # LangGraph's uuid-like ids (or a prefix)
-
-
-def parse_name(name: str) -> tuple[str, str] | None:
-    """(thread_id, checkpoint_ns) of a store thread CasSaver writes, else None."""
-    if not name.startswith(PREFIX):
-        return None
-    try:
-        got = json.loads(name[len(PREFIX):])
-    except ValueError:
-        return None
-    if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
-        return got[0], got[1]
-    return None
-
-
-def name_of(thread_id: str, ns: str) -> str:
-    return PREFIX + json.dumps([thread_id, ns], ensure_ascii=False, separators=(",", ":"))
 
 
 def is_checkpoint(info: CheckpointInfo) -> bool:
