@@ -88,10 +88,13 @@ class Core(Upkeep):
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
              expected_head: CheckpointId | None = UNSET,
              parents: Iterable[CheckpointId] | None = None,
-             check: Callable[[Head], Step[None]] | None = None, status: str | None = None,
+             check: Callable[[Head], Step[dict[str, Any] | None]] | None = None,
+             status: str | None = None,
              kind: str | None = None, reason: str | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
-        would extend, and may raise to refuse it: a condition on more than the head's id.)"""
+        would extend, and may raise to refuse it: a condition on more than the head's id. What
+        it returns is added to ``metadata``, checked as metadata is: facts about the log the
+        entry extends, exact whatever other writers did.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
         label, tags_t, meta = check_meta(label, tags, metadata)
@@ -119,15 +122,15 @@ class Core(Upkeep):
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             head = Head(thread_id, None, lineage=new_lineage()) if ref is None else ref.head
-            if check is not None:
-                yield from check(head)
+            extra = (yield from check(head)) if check is not None else None
+            entry_meta = check_meta(None, (), {**meta, **extra})[2] if extra else meta
             # Objects a head of this lineage held are held by every later head of it: skip
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None
             new = dict(nodes) if skip is None else skip.missing(nodes)
             parents = given if given is not None else (head.head,) if head.head else ()
             record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
-                            label, tags_t, meta, inline, status, kind, reason)
+                            label, tags_t, entry_meta, inline, status, kind, reason)
             data = record.encode()
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
