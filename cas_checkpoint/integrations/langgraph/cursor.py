@@ -150,7 +150,6 @@ class Cursor:
                     pass
 
     def writes(self, lgs: set[str]) -> list[LogEntry]:
-        """The pending-writes entries read so far for these checkpoints, oldest first (all of
-        theirs once the checkpoints themselves were read: writes follow their checkpoint)."""
-        return [e for e in reversed(self.seen)
-                if "w" in e.metadata and str(e.metadata["w"]) in lgs]
+        """The pending-writes entries read so far for these checkpoints, newest first (all
+        of theirs once ``reach`` has read back far enough)."""
+        return [e for e in self.seen if "w" in e.metadata and str(e.metadata["w"]) in lgs]
