@@ -16,10 +16,11 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import copy_checkpoint, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
+from langgraph.graph.message import _messages_delta_reducer, add_messages
 from langgraph.types import Send
 
 from cas_checkpoint.core import Core
@@ -308,3 +309,27 @@ def test_a_thread_written_before_the_bounds(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(RefStore, "iter_newest_first", counting)
     assert saver.get_tuple(cfg("l")) is not None
     assert count[0] <= 8  # was the whole log (24 entries before the put)
+
+
+class DeltaState(TypedDict):
+    messages: Annotated[list[Any], DeltaChannel(_messages_delta_reducer, snapshot_frequency=4)]
+
+
+def test_the_delta_channel_walk_reads_back_to_the_snapshot(counted: type[Reads]) -> None:
+    """get_delta_channel_history reads the log back to the channel's snapshot, not the whole
+    log: the same entries at turn 8 and turn 200 (the same place in the snapshot cycle)."""
+    saver = CasSaver.from_url(f"memory://o1delta-{uuid.uuid4().hex[:8]}")
+    b = StateGraph(DeltaState)
+    b.add_node("model", lambda s: {"messages": [AIMessage("hi", id=f"a{len(s['messages'])}")]})
+    b.add_edge(START, "model")
+    graph = b.compile(checkpointer=saver)
+    reads = {}
+    for turn in range(1, 201):
+        graph.invoke({"messages": [HumanMessage("q", id=f"h{turn}")]}, cfg("d"))
+        if turn in (8, 200):
+            Reads.take()
+            got = saver.get_delta_channel_history(config=cfg("d"), channels=["messages"])
+            reads[turn] = Reads.take()[0]
+            assert "seed" in got["messages"] or got["messages"]["writes"]
+    assert len(graph.get_state(cfg("d")).values["messages"]) == 400
+    assert reads[8] == reads[200] <= 40
