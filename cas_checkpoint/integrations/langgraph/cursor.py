@@ -36,7 +36,8 @@ from ...objects import LogEntry
 MAX_KEY = "lgm"  # a checkpoint entry's running max of LangGraph ids
 EARLY = "lge"  # the newest entry's map: checkpoint with early writes -> the entry before them
 WRITES_FROM = "lgw"  # a checkpoint entry's: its writes start after this entry ("": anywhere)
-MAX_EARLY = 64  # checkpoints an EARLY map follows (more: a put that never came, dropped)
+MAX_EARLY = 16  # checkpoints an EARLY map follows (more: the oldest, a put that never came,
+#                 is dropped; the map is carried in every entry, so it stays small)
 
 
 def lg_of(entry: LogEntry) -> str | None:
