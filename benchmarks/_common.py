@@ -6,6 +6,8 @@ import contextlib
 import logging
 import os
 import random
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -108,3 +110,68 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
                         enumerate(zip(r, widths, strict=True))) for r in cells]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# --- fsyncs counted by strace, sizes of stores (bench_agent_app.py) ----------------------------
+
+FSYNC_MARK_FD = 987654  # never open: an fsync of it fails with EBADF, and strace logs the call
+_MARK = re.compile(rf"\bfsync\({FSYNC_MARK_FD}\b")
+_SYNC_CALL = re.compile(r"(?<![<\w])(fsync|fdatasync)\(\d")
+
+
+def strace_works() -> bool:
+    """Whether ``strace -f --seccomp-bpf`` runs here (installed, and ptrace allowed)."""
+    if shutil.which("strace") is None:
+        return False
+    try:
+        got = subprocess.run(strace_fsyncs(os.devnull) + [sys.executable, "-c", "pass"],
+                             capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return got.returncode == 0
+
+
+def strace_fsyncs(trace: str) -> list[str]:
+    """The command prefix that logs every fsync/fdatasync of a process and its threads and
+    children to ``trace`` (only those calls stop the process: ``--seccomp-bpf``)."""
+    return ["strace", "-f", "--seccomp-bpf", "-e", "trace=fsync,fdatasync", "-o", trace]
+
+
+def fsync_marker() -> None:
+    """A failing fsync that strace logs: put one before and one after what is counted."""
+    with contextlib.suppress(OSError):
+        os.fsync(FSYNC_MARK_FD)
+
+
+def count_fsyncs(trace: str) -> int | None:
+    """fsync/fdatasync calls between the first two ``fsync_marker`` calls in strace's output
+    (None if it has not both)."""
+    inside, n, marks = False, 0, 0
+    for line in trace.splitlines():
+        if _MARK.search(line):
+            marks += 1
+            inside = marks == 1
+        elif inside and _SYNC_CALL.search(line):
+            n += 1
+    return n if marks >= 2 else None
+
+
+def tree_size(path: str) -> tuple[int, int]:
+    """(bytes, files) under a local folder."""
+    n = size = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            n, size = n + 1, size + os.path.getsize(os.path.join(folder, name))
+    return size, n
+
+
+def s3_size(opts: dict[str, Any], bucket: str, prefix: str) -> tuple[int, int]:
+    """(bytes, keys) under a prefix, listed with boto3 (``opts`` as ``moto_s3*`` yields)."""
+    import boto3
+
+    s3 = boto3.client("s3", **opts["client_kwargs"])
+    n = size = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", ()):
+            n, size = n + 1, size + obj["Size"]
+    return size, n

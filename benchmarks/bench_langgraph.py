@@ -39,7 +39,13 @@ if it is installed (it is not a dependency; the output says so).
 Target (from the issue): CasSaver stores <= 3x the final state (after gc), beside SqliteSaver in
 the same run. The output says MET or MISSED with the figure.
 
-    python benchmarks/bench_langgraph.py [--steps 200] [--quick]
+DeltaChannel table (also alone with ``--delta-only``): the same loop with ``messages`` in a
+``DeltaChannel`` (LangGraph's ``_messages_delta_reducer``, a snapshot every 100 updates) or in
+``add_messages``, on CasSaver (local disk, after gc) and SqliteSaver: bytes stored, the invoke,
+``get_state`` (median of 7 on the saver that wrote the thread) and a cold ``get_state`` on a new
+saver object.
+
+    python benchmarks/bench_langgraph.py [--steps 200] [--quick] [--delta-only]
 """
 
 from __future__ import annotations
@@ -59,13 +65,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import human, moto_s3_process, table  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage  # noqa: E402
+from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+from langgraph.graph.message import _messages_delta_reducer  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
 from cas_checkpoint import codec  # noqa: E402
@@ -84,8 +92,16 @@ def text(seed: int, size: int = 300) -> str:
 # --- the graph --------------------------------------------------------------------------------
 
 
-def build_graph(steps: int, checkpointer: Any) -> Any:
-    def model(state: MessagesState) -> dict[str, Any]:
+class DeltaMessagesState(TypedDict):
+    """``MessagesState`` with its messages in a ``DeltaChannel`` (LangGraph's own batched
+    add_messages reducer, a snapshot every 100 updates by default): a checkpoint stores a
+    sentinel, and the value is rebuilt from the writes since the last snapshot."""
+
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer)]
+
+
+def build_graph(steps: int, checkpointer: Any, delta: bool = False) -> Any:
+    def model(state: Any) -> dict[str, Any]:  # (the graph's schema is the input)
         done = sum(1 for m in state["messages"] if isinstance(m, ToolMessage))
         if done >= steps:
             return {"messages": [AIMessage(content=text(10_000_000), id="ai-final")]}
@@ -94,17 +110,17 @@ def build_graph(steps: int, checkpointer: Any) -> Any:
         return {"messages": [AIMessage(content=text(2 * done), tool_calls=[call],
                                        id=f"ai-{done:05d}")]}
 
-    def tool(state: MessagesState) -> dict[str, Any]:
+    def tool(state: Any) -> dict[str, Any]:
         last = state["messages"][-1]
         call = last.tool_calls[0]  # type: ignore[union-attr]
         i = int(str(call["id"]).split("-")[1])
         return {"messages": [ToolMessage(content=text(2 * i + 1), tool_call_id=call["id"],
                                          name="search", id=f"tool-{i:05d}")]}
 
-    def route(state: MessagesState) -> str:
+    def route(state: Any) -> str:
         return "tool" if getattr(state["messages"][-1], "tool_calls", None) else END
 
-    g = StateGraph(MessagesState)
+    g = StateGraph(DeltaMessagesState if delta else MessagesState)
     g.add_node("model", model)
     g.add_node("tool", tool)
     g.add_edge(START, "model")
@@ -261,6 +277,99 @@ def objectstorage_saver(tmp: str) -> tuple[Any, Callable[[], int]] | None:
     return None
 
 
+# --- DeltaChannel: does structural sharing make it unnecessary? ---------------------------------
+
+GET_STATE_RUNS = 7
+
+
+@dataclass
+class DeltaRow:
+    name: str
+    checkpoints: int
+    wall: float
+    stored: int
+    get_state_ms: float  # median over GET_STATE_RUNS calls on the saver that wrote the thread
+    cold_ms: float  # one get_state on a new saver object (a new process's first read)
+
+
+def delta_row(name: str, steps: int, delta: bool, make: Callable[[], Any],
+              stored: Callable[[Any], int]) -> DeltaRow:
+    saver = make()
+    graph = build_graph(steps, saver, delta=delta)
+    config: dict[str, Any] = {"configurable": {"thread_id": "t1"},
+                              "recursion_limit": 2 * steps + 20}
+    t0 = time.perf_counter()
+    graph.invoke({"messages": [HumanMessage(content=text(-1), id="human-0")]}, config)
+    wall = time.perf_counter() - t0
+    times = []
+    for _ in range(GET_STATE_RUNS):
+        t = time.perf_counter()
+        messages = graph.get_state(config).values["messages"]
+        times.append(time.perf_counter() - t)
+        assert len(messages) == 2 * steps + 2, f"{name}: {len(messages)} messages"
+    checkpoints = len(list(graph.get_state_history(config)))
+    size = stored(saver)
+    cold_graph = build_graph(steps, make(), delta=delta)
+    t = time.perf_counter()
+    assert len(cold_graph.get_state(config).values["messages"]) == 2 * steps + 2
+    cold = time.perf_counter() - t
+    return DeltaRow(name, checkpoints, wall, size, sorted(times)[len(times) // 2] * 1000,
+                    cold * 1000)
+
+
+def delta_rows(steps: int) -> list[DeltaRow]:
+    """CasSaver (local disk, after gc) and SqliteSaver, each with the messages in a plain
+    add_messages channel and in a DeltaChannel, in one run."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    tmp = tempfile.mkdtemp(prefix="bench-langgraph-delta-")
+    rows = []
+    conns: list[sqlite3.Connection] = []
+    for delta in (False, True):
+        how = "DeltaChannel" if delta else "add_messages"
+        path = os.path.join(tmp, f"cas-{how}")
+
+        def cas_stored(saver: Any) -> int:
+            saver.store.gc(grace=timedelta(0))
+            return int(saver.store.storage_bytes())
+
+        rows.append(delta_row(f"CasSaver local disk, {how}", steps, delta,
+                              lambda path=path: CasSaver.from_url(path), cas_stored))
+        db = os.path.join(tmp, f"lg-{how}.sqlite")
+
+        def sqlite_saver(db: str = db) -> Any:
+            conns.append(sqlite3.connect(db, check_same_thread=False))
+            return SqliteSaver(conns[-1])
+
+        rows.append(delta_row(f"SqliteSaver, {how}", steps, delta, sqlite_saver,
+                              lambda saver, db=db: sqlite_bytes(saver.conn, db)))
+    for conn in conns:
+        conn.close()
+    return rows
+
+
+def print_delta(steps: int) -> None:
+    rows = delta_rows(steps)
+    print()
+    print(f"DeltaChannel: the same {steps}-step tool loop with its messages in a DeltaChannel "
+          "(snapshot every 100 updates) or in add_messages; get_state = median of "
+          f"{GET_STATE_RUNS} on the writing saver, cold = the first on a new saver object")
+    print(table(["saver, messages channel", "checkpoints", "wall s", "stored", "get_state ms",
+                 "cold get_state ms"],
+                [[r.name, r.checkpoints, f"{r.wall:.2f}", human(r.stored),
+                  f"{r.get_state_ms:.1f}", f"{r.cold_ms:.1f}"] for r in rows]))
+    by = {r.name: r for r in rows}
+    cas, cas_d = by["CasSaver local disk, add_messages"], by["CasSaver local disk, DeltaChannel"]
+    sq, sq_d = by["SqliteSaver, add_messages"], by["SqliteSaver, DeltaChannel"]
+    print(f"DeltaChannel shrinks SqliteSaver {sq.stored / sq_d.stored:.1f}x and CasSaver "
+          f"{cas.stored / cas_d.stored:.2f}x; CasSaver without it stores "
+          f"{cas.stored / sq_d.stored:.2f}x what SqliteSaver stores with it; get_state: CasSaver "
+          f"{cas.get_state_ms:.1f} ms plain vs {cas_d.get_state_ms:.1f} ms with DeltaChannel, "
+          f"SqliteSaver {sq.get_state_ms:.1f} vs {sq_d.get_state_ms:.1f} ms")
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -289,10 +398,15 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200, help="tool calls before the final answer")
     ap.add_argument("--quick", action="store_true", help="20 steps: a smoke run")
+    ap.add_argument("--delta-only", action="store_true",
+                    help="only the DeltaChannel table (CasSaver local disk and SqliteSaver)")
     args = ap.parse_args()
     steps = 20 if args.quick else args.steps
     print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; python "
           f"{platform.python_version()}; {versions()}; {load()}")
+    if args.delta_only:
+        print_delta(steps)
+        return
     print(f"workload: StateGraph(MessagesState) tool loop, {steps} tool calls (AIMessage + "
           f"ToolMessage of ~300 chars each) + a final AIMessage: {2 * steps + 2} messages, one "
           f"invoke on thread t1" + ("; QUICK run" if args.quick else ""))
@@ -337,6 +451,7 @@ def main() -> None:
               + ("MET" if ratio <= TARGET_RATIO else "MISSED")
               + f" ({ratio:.2f}x: {human(r.stored)} after gc for a {human(r.final_codec)} "
               f"final state{beside})")
+    print_delta(steps)
 
 
 if __name__ == "__main__":

@@ -176,11 +176,12 @@ class AsyncCheckpointStore:
 
     async def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                      all_history: bool = False, limit: int | None = None,
-                     progress: Callable[[int, int], object] | None = None) -> SearchResult:
+                     progress: Callable[[int, int], object] | None = None,
+                     checkpoint_id: CheckpointId | None = None) -> SearchResult:
         """Str values matching ``query`` (see ``CheckpointStore.search``)."""
         return await self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
                                            all_history=all_history, limit=limit,
-                                           progress=progress))
+                                           progress=progress, checkpoint_id=checkpoint_id))
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,
@@ -225,9 +226,12 @@ class AsyncCheckpointStore:
         return await self._run(self._core.rewind(thread_id, checkpoint_id,
                                                  expected_head=expected_head))
 
-    async def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
-        """Remove one checkpoint from a thread (see ``CheckpointStore.delete``)."""
-        await self._run(self._core.delete(thread_id, checkpoint_id))
+    async def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+                     expected_head: CheckpointId | None = UNSET) -> None:
+        """Remove these checkpoints from a thread in one compare-and-swap (see
+        ``CheckpointStore.delete``)."""
+        await self._run(self._core.delete(thread_id, *checkpoint_ids,
+                                          expected_head=expected_head))
 
     async def delete_thread(self, thread_id: str) -> None:
         """Remove a thread's ref; its objects stay until gc."""

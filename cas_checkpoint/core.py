@@ -13,18 +13,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import timedelta
 from itertools import islice
 from typing import Any
 
-from . import codec, marker, model, retention, tree, usage
-from . import gc as gcmod
-from . import repack as repackmod
-from .backends import Backend, ObjectInfo
+from . import codec, marker, model, retention, tree
+from .backends import Backend
 from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
 from .heads import Head
-from .model import Checkpoint, CheckpointInfo, StoreStats, check_id, check_meta, info_of
+from .model import Checkpoint, CheckpointInfo, check_id, check_meta, info_of
 from .objects import (
     MAX_PARENTS,
     CheckpointId,
@@ -36,13 +33,11 @@ from .objects import (
     object_id,
 )
 from .objstore import ObjectStore, View
-from .ops import List, ReadRefs, Step
+from .ops import ReadRefs, Step
 from .refs import Change, Ref, RefStore, build, new_lineage, thread_key
 from .refs import append as log_append
-from .repack import RepackReport
 from .serial import ThreadLocks
-from .verify import verify as verify_step
-from .verify_report import Progress, VerifyReport
+from .upkeep import Upkeep
 from .warm import STATE_CACHE_BYTES, Known, Remembered, Threads
 
 log = logging.getLogger("cas_checkpoint")
@@ -53,7 +48,7 @@ CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
-class Core:
+class Core(Upkeep):
     """What a store object holds, and its operations as steps."""
 
     def __init__(self, backend: Backend, types: Iterable[type] | TypeRegistry,
@@ -93,10 +88,13 @@ class Core:
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
              expected_head: CheckpointId | None = UNSET,
              parents: Iterable[CheckpointId] | None = None,
-             check: Callable[[Head], Step[None]] | None = None, status: str | None = None,
+             check: Callable[[Head], Step[dict[str, Any] | None]] | None = None,
+             status: str | None = None,
              kind: str | None = None, reason: str | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
-        would extend, and may raise to refuse it: a condition on more than the head's id.)"""
+        would extend, and may raise to refuse it: a condition on more than the head's id. What
+        it returns is added to ``metadata``, checked as metadata is: facts about the log the
+        entry extends, exact whatever other writers did.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
         label, tags_t, meta = check_meta(label, tags, metadata)
@@ -124,15 +122,15 @@ class Core:
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             head = Head(thread_id, None, lineage=new_lineage()) if ref is None else ref.head
-            if check is not None:
-                yield from check(head)
+            extra = (yield from check(head)) if check is not None else None
+            entry_meta = check_meta(None, (), {**meta, **extra})[2] if extra else meta
             # Objects a head of this lineage held are held by every later head of it: skip
             # writing the nodes this process saw there. Otherwise write them all.
             skip = known if known is not None and known.lineage == head.lineage else None
             new = dict(nodes) if skip is None else skip.missing(nodes)
             parents = given if given is not None else (head.head,) if head.head else ()
             record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
-                            label, tags_t, meta, inline, status, kind, reason)
+                            label, tags_t, entry_meta, inline, status, kind, reason)
             data = record.encode()
             cid = CheckpointId(object_id(data))
             new[ObjectId(cid)] = data
@@ -500,27 +498,12 @@ class Core:
         yield from self.refs.update(thread_id, change, expected_head=expected_head,
                                     current=current)
 
-    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> Step[None]:
-        cid = check_id(checkpoint_id)
-
-        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
-            if ref is None or ref.head.head is None:
-                raise NotFoundError(f"thread {thread_id!r} does not exist")
-            entries = yield from self.refs.entries(ref.head)
-            gone = next((e for e in entries if e.id == cid), None)
-            if gone is None:
-                raise self._not_in(thread_id, cid)
-            kept = [e for e in entries if e.id != cid]
-            if not kept:
-                return None, {}
-            head_id = ref.head.head
-            if head_id == cid:
-                ids = {e.id for e in kept}
-                head_id = next((p for p in gone.parents if p in ids), kept[-1].id)
-            return (yield from self.refs.rebuilt(ref.head, kept, head_id))
-
-        yield from self._edit(thread_id, change)
-        log.info("delete %s from %r", cid, thread_id)
+    def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+               expected_head: CheckpointId | None = UNSET) -> Step[None]:
+        ids = retention.check_ids(checkpoint_ids)
+        yield from self._edit(thread_id, retention.removal(self.refs, thread_id, ids),
+                              expected_head=expected_head)
+        log.info("delete %s from %r", ", ".join(sorted(ids)), thread_id)
 
     def retain(self, thread_id: str, keep: set[CheckpointId]) -> Step[None]:
         """Keep only these checkpoints in the thread's log (the head moves to the newest kept
@@ -543,93 +526,3 @@ class Core:
 
         yield from self._edit(thread_id, change)
         log.info("delete thread %r", thread_id)
-
-    # --- audit, retention, garbage collection ---
-
-    def verify(self, *, deep: bool = True, sample: float | None = None,
-               thread_id: str | None = None, progress: Progress | None = None
-               ) -> Step[VerifyReport]:
-        return (yield from verify_step(self.backend, self.refs, deep=deep, sample=sample,
-                                       thread_id=thread_id, progress=progress))
-
-    def _targets(self, thread_id: str | None) -> Step[list[str]]:
-        if thread_id is None:
-            return (yield from self.refs.threads())
-        yield from self.ref(thread_id)
-        return [thread_id]
-
-    def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
-              older_than: timedelta | None = None, keep_labeled: bool = True,
-              keep_tags: Iterable[str] = (), dry_run: bool = False
-              ) -> Step[retention.PruneReport]:
-        retention.check_policy(keep_last, older_than)
-        threads = yield from self._targets(thread_id)
-        report = yield from retention.prune(self.refs, threads, keep_last=keep_last,
-                                        older_than=older_than, keep_labeled=keep_labeled,
-                                        dry_run=dry_run, keep_tags=keep_tags)
-        for t in report.threads:
-            self._threads.forget(t, ref_only=True)
-        if report.removed:
-            log.info("prune %s", report.to_text().replace("\n", "; "))
-        return report
-
-    def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
-               dry_run: bool = False) -> Step[RepackReport]:
-        threads = yield from self._targets(thread_id)
-        report = yield from repackmod.repack(self.refs, threads, min_garbage=min_garbage,
-                                             dry_run=dry_run)
-        for t in report.threads:
-            if t.repacked:
-                self._threads.forget(t.thread_id)
-        log.info("%s", report.to_text())
-        return report
-
-    def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
-           progress: gcmod.GCProgress | None = None, force: bool = False,
-           repack: bool = False, min_garbage: float = 0.25) -> Step[gcmod.GCReport]:
-        gcmod.check_grace(self.backend, grace, force)  # every argument, before any change
-        if not isinstance(repack, bool) or not isinstance(dry_run, bool):
-            raise InvalidArgumentError(f"repack and dry_run must be True or False, not "
-                                       f"{repack!r} and {dry_run!r}")
-        repackmod.check(min_garbage)
-        repacked = (yield from self.repack(min_garbage=min_garbage, dry_run=dry_run)
-                    ) if repack else None
-        report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
-                                          progress=progress, force=force, repacked=repacked)
-        report.repack = repacked
-        if not dry_run:
-            self.objects.forget(report.deleted)
-        log.info("%s", report.to_text())
-        return report
-
-    # --- sizes ---
-
-    def storage_bytes(self) -> Step[int]:
-        packs: list[ObjectInfo] = yield List("packs")
-        refs: list[ObjectInfo] = yield List("refs")
-        return sum(i.size for i in packs) + sum(i.size for i in refs)
-
-    def stats(self, by_thread: bool = False) -> Step[StoreStats]:
-        if not isinstance(by_thread, bool):
-            raise InvalidArgumentError(f"by_thread must be True or False, not {by_thread!r}")
-        sizes: dict[str, int] = {}
-        logs: dict[str, list[LogEntry]] = {}
-        threads = yield from self._refs()
-        for thread, ref in threads:
-            if ref is not None:
-                logs[thread] = yield from self.refs.entries(ref.head)
-                sizes.update((e.id, e.size) for e in logs[thread])
-        objects: list[ObjectInfo] = yield List("packs")
-        refs: list[ObjectInfo] = yield List("refs")
-        physical = sum(i.size for i in objects) + sum(i.size for i in refs)
-        logical = sum(sizes.values())
-
-        def head_state(thread: str, ref: Ref) -> Step[Any]:
-            return (yield from self._load_ref(thread, ref, None)).state
-
-        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
-               ) if by_thread else {}
-        return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
-                          logical / physical if physical else 0.0, self.objects.hits,
-                          self.objects.misses, per)
-

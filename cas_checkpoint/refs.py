@@ -301,8 +301,37 @@ class RefStore:
         yield from reversed(head.tail)
         if head.peaks:
             assert view is not None, "a head with log segments needs its view"
+            seen: set[ObjectId] = set()
             for peak in reversed(head.peaks):
-                yield from reversed(self._read_trees([peak.id], view))
+                yield from self._tree_newest_first(peak.id, view, seen)
+
+    @staticmethod
+    def _tree_newest_first(root: ObjectId, view: View, seen: set[ObjectId]
+                           ) -> Iterator[LogEntry]:
+        """The entries of a segment tree, newest first, read as they are reached: the newest
+        k entries cost the segments on one path down the tree and ~k/LEAF leaves, not the
+        whole tree (a reader that stops early reads what it needs). Iterative: a hostile
+        tree cannot recurse; a segment that does not descend in level, or is named twice
+        (``seen``), is a FormatError."""
+        stack: list[tuple[Iterator[ObjectId], int]] = [(iter((root,)), 64)]
+        while stack:
+            children, above = stack[-1]
+            oid = next(children, None)
+            if oid is None:
+                stack.pop()
+                continue
+            if oid in seen:
+                raise FormatError(f"log segment {oid} is named twice; the thread's log is "
+                                  "corrupt (run `cas-checkpoint verify`)")
+            seen.add(oid)
+            seg = Segment.decode(view.get(oid))
+            if seg.level >= above:
+                raise FormatError(f"log segment {oid} does not descend in level; the thread's "
+                                  "log is corrupt (run `cas-checkpoint verify`)")
+            if seg.level == 0:
+                yield from reversed(seg.entries)
+            else:
+                stack.append((reversed(seg.children), seg.level))
 
     def newest_first(self, head: Head) -> Step[Iterator[LogEntry]]:
         view = yield from self.view(head)

@@ -6,13 +6,14 @@ no object; ``repack`` and ``gc`` reclaim the bytes. ``open(keep_last=N)`` prunes
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotFoundError
 from .heads import Head
+from .model import check_id
 from .objects import CheckpointId, LogEntry, ObjectId
 from .ops import Step
 from .refs import LEAF, Ref, RefStore, build
@@ -194,3 +195,51 @@ def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int,
     kept, _ = select(entries, entry.id, keep_last=keep_last, older_than=None,
                      keep_labeled=True, now=0.0)
     return build(head, kept, entry.id, new)
+
+
+def check_ids(checkpoint_ids: tuple[object, ...]) -> frozenset[CheckpointId]:
+    if not checkpoint_ids:
+        raise InvalidArgumentError("delete needs the checkpoints to remove: "
+                                   "delete(thread_id, checkpoint_id, ...)")
+    return frozenset(check_id(c) for c in checkpoint_ids)
+
+
+def removal(refs: RefStore, thread_id: str, ids: frozenset[CheckpointId]
+            ) -> Callable[[Ref | None], Step[tuple[Head | None, dict[ObjectId, bytes]]]]:
+    """The change that removes exactly ``ids`` from a thread's log, for one compare-and-swap
+    (run again on the log a lost race finds, so entries saved meanwhile stay). Every id must be
+    in the log, else NotFoundError and nothing changes. A removed head moves to its nearest
+    ancestor that stays (through removed parents), else to the newest entry that stays; removing
+    every entry deletes the thread."""
+    def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+        if ref is None or ref.head.head is None:
+            raise NotFoundError(f"thread {thread_id!r} does not exist; threads() lists the "
+                                "threads there are")
+        entries = yield from refs.entries(ref.head)
+        by_id = {e.id: e for e in entries}
+        missing = sorted(ids - by_id.keys())
+        if missing:
+            raise NotFoundError(
+                f"checkpoint {missing[0]} is not in thread {thread_id!r}"
+                + (f" (nor are {len(missing) - 1} more of those given)" if len(missing) > 1
+                   else "")
+                + f"; nothing was deleted; history({thread_id!r}) lists its checkpoints")
+        kept = [e for e in entries if e.id not in ids]
+        if not kept:
+            return None, {}
+        head_id = ref.head.head
+        todo, seen = [head_id], set()
+        while head_id in ids and todo:  # breadth first through the removed ancestors
+            cid = todo.pop(0)
+            if cid in seen or cid not in by_id:
+                continue
+            seen.add(cid)
+            if cid not in ids:
+                head_id = cid
+                break
+            todo.extend(by_id[cid].parents)
+        if head_id in ids:
+            head_id = kept[-1].id
+        return (yield from refs.rebuilt(ref.head, kept, head_id))
+
+    return change

@@ -27,9 +27,10 @@ from typing import Any
 
 from .core import Core
 from .diff import node_getter
-from .errors import FormatError, InvalidArgumentError
+from .errors import FormatError, InvalidArgumentError, NotFoundError
 from .heads import Head
 from .join import check_lengths
+from .model import check_id
 from .objects import CheckpointId, ObjectId, Record
 from .ops import Step
 from .shapes import BYTES, DICT, LIST, STR, TUPLE, VALUE
@@ -126,8 +127,12 @@ def _check_limit(limit: object) -> int | None:
 
 def search(core: Core, query: str, *, regex: bool = False, thread_id: str | None = None,
            all_history: bool = False, limit: int | None = None,
-           progress: Progress | None = None) -> Step[SearchResult]:
+           progress: Progress | None = None, checkpoint_id: CheckpointId | None = None
+           ) -> Step[SearchResult]:
     """The step behind ``CheckpointStore.search``."""
+    if checkpoint_id is not None and (thread_id is None or all_history):
+        raise InvalidArgumentError("checkpoint_id searches one checkpoint of one thread: pass "
+                                   "thread_id= with it, and not all_history=True")
     pattern = compile_query(query, regex)
     limit = _check_limit(limit)
     if progress is not None and not callable(progress):
@@ -146,6 +151,14 @@ def search(core: Core, query: str, *, regex: bool = False, thread_id: str | None
                 if entry.id not in seen:
                     seen.add(entry.id)
                     jobs.append((t, head, entry.id))
+    elif checkpoint_id is not None:
+        cid = check_id(checkpoint_id)
+        t, head = pairs[0]
+        view = yield from core.objects.view(head)
+        if not any(e.id == cid for e in core.refs.iter_newest_first(head, view)):
+            raise NotFoundError(f"checkpoint {cid} is not in thread {t!r}; history({t!r}) "
+                                "lists its checkpoints")
+        jobs = [(t, head, cid)]
     else:
         jobs = [(t, head, head.head) for t, head in pairs if head.head is not None]
     cap = limit if limit is not None else MAX_MATCHES

@@ -206,13 +206,16 @@ class CheckpointStore:
 
     def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                all_history: bool = False, limit: int | None = None,
-               progress: Callable[[int, int], object] | None = None) -> SearchResult:
+               progress: Callable[[int, int], object] | None = None,
+               checkpoint_id: CheckpointId | None = None) -> SearchResult:
         """The str values that contain ``query`` (case-insensitive; ``regex=True``: a Python
-        regular expression) in the head of every thread (or of ``thread_id``), or with
-        ``all_history`` in every checkpoint of them: ``r.matches``, each a ``Match(thread_id,
-        checkpoint_id, path, snippet)``. Nodes that threads share are read once."""
+        regular expression) in the head of every thread (or of ``thread_id``; with
+        ``checkpoint_id``, in that checkpoint of it), or with ``all_history`` in every
+        checkpoint of them: ``r.matches``, each a ``Match(thread_id, checkpoint_id, path,
+        snippet)``. Nodes that threads share are read once."""
         return self._run(search_step(self._core, query, regex=regex, thread_id=thread_id,
-                                     all_history=all_history, limit=limit, progress=progress))
+                                     all_history=all_history, limit=limit, progress=progress,
+                                     checkpoint_id=checkpoint_id))
 
     def history(self, thread_id: str, *, limit: int | None = None,
                 before: CheckpointId | None = None, kind: str | Iterable[str] | None = None,
@@ -257,10 +260,14 @@ class CheckpointStore:
         return self._run(self._core.rewind(thread_id, checkpoint_id,
                                            expected_head=expected_head))
 
-    def delete(self, thread_id: str, checkpoint_id: CheckpointId) -> None:
-        """Remove one checkpoint from a thread. If it was the head, the head moves to its
-        parent (or the newest remaining checkpoint); the last one removed deletes the thread."""
-        self._run(self._core.delete(thread_id, checkpoint_id))
+    def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
+               expected_head: CheckpointId | None = UNSET) -> None:
+        """Remove these checkpoints from a thread, in one compare-and-swap (refs only; objects
+        stay until repack and gc): checkpoints saved meanwhile stay, and an id not in the thread
+        raises NotFoundError with nothing removed. If the head goes, it moves to its nearest
+        ancestor that stays (or the newest remaining checkpoint); removing every checkpoint
+        deletes the thread. With ``expected_head``, another head raises ConflictError."""
+        self._run(self._core.delete(thread_id, *checkpoint_ids, expected_head=expected_head))
 
     def delete_thread(self, thread_id: str) -> None:
         """Remove a thread's ref; its objects stay until gc."""

@@ -145,6 +145,29 @@ def outcomes(lines: list[dict[str, Any]], names: dict[tuple[str, str], str] | No
     return out
 
 
+def durations(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per saver (setup, call and teardown, as pytest times them in its workers) over
+    the tests every saver of the run ran, so the totals compare the same work."""
+    per: dict[tuple[str, str], float] = defaultdict(float)
+    for line in lines:
+        per[(line["cas_key"], line["cas_saver"])] += float(line.get("duration") or 0.0)
+    savers = {s for _k, s in per}
+    keys = {k for k, _s in per}
+    common = [k for k in keys if all((k, s) in per for s in savers)]
+    return {s: sum(per[(k, s)] for k in common) for s in sorted(savers)}
+
+
+def print_durations(seconds: dict[str, float]) -> None:
+    if not seconds:
+        return
+    refs = [r for r in REFERENCE if seconds.get(r)]
+    print("\ntest time per saver (the same tests on each; summed over pytest's workers, so "
+          "it depends on the machine's load):")
+    for saver, t in seconds.items():
+        ratios = ", ".join(f"{t / seconds[r]:.2f}x {r}" for r in refs if r != saver)
+        print(f"  {saver:<22} {t:8.1f} s" + (f"  ({ratios})" if ratios else ""))
+
+
 def report(default: dict[tuple[str, str], str], strict: dict[tuple[str, str], str],
            names: dict[tuple[str, str], str]) -> dict[str, Any]:
     """Per-file counts and the CasSaver-only failures."""
@@ -228,18 +251,20 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         prepare(tests, work)
         names: dict[tuple[str, str], str] = {}
-        default = outcomes(run_pytest(work, files, backends, strict=False,
-                                      workers=args.workers, timeout=args.timeout,
-                                      verbose=args.verbose), names)
+        lines = run_pytest(work, files, backends, strict=False, workers=args.workers,
+                           timeout=args.timeout, verbose=args.verbose)
+        default = outcomes(lines, names)
         strict = {} if args.no_strict or not refs else outcomes(run_pytest(
             work, files, refs, strict=True, workers=args.workers, timeout=args.timeout,
             verbose=args.verbose))
     summary = report(default, strict, names)
     summary["runs"] = len(default)
     summary["version"] = installed_version()
+    summary["seconds"] = durations(lines)
     columns = backends + [f"strict_{b}" for b in refs if strict]
     print(f"LangGraph {summary['version']}'s tests, {len(files)} files")
     print_table(summary, columns)
+    print_durations(summary["seconds"])
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return 1 if summary["cas_only"] else 0

@@ -102,6 +102,6 @@ def pytest_runtest_logreport(report):
     if "cas_saver" not in props:
         return
     line = {"when": report.when, "outcome": report.outcome,
-            "xfail": hasattr(report, "wasxfail"), **props}
+            "xfail": hasattr(report, "wasxfail"), "duration": report.duration, **props}
     with open(path, "a", encoding="utf-8") as f:
         f.write(_cas_json.dumps(line) + "\n")

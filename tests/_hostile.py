@@ -1,6 +1,9 @@
-"""Hostile stores for the tests: a thread whose only pack lies about one of its objects."""
+"""Hostile stores for the tests (a thread whose only pack lies about one of its objects), and
+the snapshot of a store's files that a refused operation must leave unchanged."""
 
 from __future__ import annotations
+
+import os
 
 from cas_checkpoint import CheckpointStore, packing
 from cas_checkpoint.heads import Head, PackRef
@@ -23,3 +26,14 @@ def plant_lying_pack(store: CheckpointStore, thread: str, ref: Ref,
     hostile = Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pref,), (), h.lineage)
     store.backend.write_ref(thread_key(thread), hostile.encode(), ref.version)
     return pref
+
+
+def files(root: str | os.PathLike[str]) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes (what a refused save must leave unchanged)."""
+    out = {}
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out

@@ -7,6 +7,7 @@ the real entry point."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict
 
 from cas_checkpoint import CheckpointInfo, CheckpointStore
+from cas_checkpoint.cli import langgraph as lg
 from cas_checkpoint.cli import main
 from cas_checkpoint.cli.render import follow, parse_path
 from cas_checkpoint.integrations.langgraph import CasSaver
@@ -427,3 +429,197 @@ def test_prune_keeps_what_a_delta_channel_needs(tmp_path: Path,
     assert graph.get_state(cfg("d")).values == before
     done = graph.invoke({"messages": [HumanMessage(content="again", id="h9")]}, cfg("d"))
     assert [m.content for m in done["messages"][-3:]] == ["reply 13", "again", "reply 15"]
+
+
+# --- every command names LangGraph threads and checkpoints the same way ---
+
+
+def _lg_ids(graph: Any, thread: str = "agent-1") -> list[str]:
+    return [s.config["configurable"]["checkpoint_id"]
+            for s in graph.get_state_history(cfg(thread))]
+
+
+def test_fork_names_the_thread_by_langgraphs_id_and_counts_checkpoints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "s")
+    graph, _ = paused(url)
+    history = list(graph.get_state_history(cfg("agent-1")))
+    code, out, err = run(capsys, "fork", url, "agent-1", "~2", "agent-2")
+    assert code == 0 and "into 'lg:[\"agent-2\",\"\"]'" in out, err
+    forked = graph.get_state(cfg("agent-2"))  # LangGraph sees the fork as thread agent-2
+    assert forked.config["configurable"]["checkpoint_id"] == _lg_ids(graph)[2]
+    assert forked.values == history[2].values
+    assert _lg_ids(graph, "agent-2") == _lg_ids(graph)[2:]
+
+
+def test_rewind_goes_back_n_langgraph_checkpoints_and_keeps_the_target_s_writes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "s")
+    graph, _ = paused(url)
+    ids = _lg_ids(graph)
+    code, out, err = run(capsys, "rewind", url, "agent-1", "~2")
+    assert code == 0 and f"now ends at checkpoint {ids[2]}" in out, err
+    assert _lg_ids(graph) == ids[2:]
+    lgt = lg.read(CheckpointStore.open(url), 'lg:["agent-1",""]')
+    assert lgt is not None and set(lgt.writes) <= set(ids[2:])
+    assert lgt.writes.get(ids[2])  # the writes of the checkpoint rewound to stay
+    graph.invoke(None, cfg("agent-1"))  # and LangGraph goes on from there, to the interrupt
+    assert graph.get_state(cfg("agent-1")).interrupts
+
+
+def test_delete_removes_a_langgraph_checkpoint_with_its_pending_writes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "s")
+    graph, _ = paused(url)
+    ids = _lg_ids(graph)
+    store = CheckpointStore.open(url)
+    before = lg.read(store, 'lg:["agent-1",""]')
+    assert before is not None and before.writes.get(ids[1])
+    code, out, err = run(capsys, "delete", url, "agent-1", "~1")
+    assert code == 0 and f"deleted LangGraph checkpoint {ids[1]}" in out, err
+    assert _lg_ids(graph) == [ids[0], *ids[2:]]
+    after = lg.read(store, 'lg:["agent-1",""]')
+    assert after is not None and ids[1] not in after.writes
+    assert after.write_count == before.write_count - len(before.writes[ids[1]])
+
+
+def test_delete_thread_and_export_take_langgraphs_thread_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "s")
+    graph, _ = paused(url, builder=nested())
+    names = CheckpointStore.open(url).threads()
+    assert len(names) == 2
+    bundle = str(tmp_path / "agent-1.cas")
+    code, out, err = run(capsys, "export", url, "agent-1", bundle)
+    assert code == 0 and "exported 'lg:[\"agent-1\",\"\"]'" in out, err
+    other = str(tmp_path / "t")
+    assert run(capsys, "import", other, bundle)[0] == 0
+    assert CheckpointStore.open(other).threads() == ['lg:["agent-1",""]']
+    code, out, err = run(capsys, "delete-thread", url, "agent-1")
+    assert code == 0 and "2 namespaces" in out, err
+    assert CheckpointStore.open(url).threads() == []  # every namespace, as LangGraph deletes
+
+
+def test_search_reads_a_langgraph_thread_at_its_latest_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """When the store's head is a pending write (here one a task put after the latest
+    checkpoint), search looks at the latest checkpoint, where the messages are."""
+    url = str(tmp_path / "s")
+    graph, saver = paused(url)
+    latest_config = graph.get_state(cfg("agent-1")).config
+    saver.put_writes(latest_config, [("notes", "nothing to see")], "task-1")
+    store = CheckpointStore.open(url)
+    lgt = lg.read(store, 'lg:["agent-1",""]')
+    assert lgt is not None and lg.is_write(store.history(lgt.name, limit=1)[0])
+    latest = lgt.checkpoints[0].id
+    for extra in ([], ["--thread", "agent-1"]):
+        got = run_json(capsys, "search", url, "refund policy", *extra)
+        assert got["checkpoints_searched"] == 1, extra
+        assert len(got["matches"]) == TOOL_CALLS
+        assert {m["checkpoint"] for m in got["matches"]} == {latest}
+    assert len(run_json(capsys, "search", url, "refund policy", "-n", "2")["matches"]) == 2
+
+
+def test_stats_tells_checkpoints_and_pending_writes_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "s")
+    graph, _ = paused(url)
+    lgt = lg.read(CheckpointStore.open(url), 'lg:["agent-1",""]')
+    assert lgt is not None
+    cps, writes = len(_lg_ids(graph)), lgt.write_count
+    code, out, err = run(capsys, "stats", url)
+    assert code == 0 and f"1 threads, {cps} checkpoints and {writes} pending writes" in out, err
+    got = run_json(capsys, "stats", url)
+    assert (got["checkpoints"], got["pending_writes"]) == (cps, writes)
+
+
+# --- classes the store was not given: shown as their name and data, never imported ---
+
+_SHIPPING = '''
+import dataclasses, enum, pathlib, os
+pathlib.Path(os.environ["CAS_IMPORT_MARK"]).write_text("imported")
+
+class Speed(enum.Enum):
+    FAST = "fast"
+
+@dataclasses.dataclass
+class Parcel:
+    sku: str
+    speed: Speed
+'''
+
+
+def _stand_in_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A CasSaver thread (no types=) whose state holds a pydantic model defined in a function,
+    and a dataclass and an enum of a module that marks a file when it is imported."""
+    mark = tmp_path / "imported"
+    monkeypatch.setenv("CAS_IMPORT_MARK", str(mark))
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "shipping_cas_test.py").write_text(_SHIPPING)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    import shipping_cas_test as ship
+
+    class Decision(BaseModel):
+        ok: bool
+        note: str
+
+    class Order(TypedDict):
+        parcel: Any
+        decision: Any
+
+    def pack(s: Order) -> dict[str, Any]:
+        return {"parcel": ship.Parcel("blue-widget", ship.Speed.FAST)}
+
+    def decide(s: Order) -> dict[str, Any]:
+        return {"decision": Decision(ok=True, note="approved " + s["parcel"].sku)}
+
+    b = StateGraph(Order)
+    b.add_node("pack", pack)
+    b.add_node("decide", decide)
+    b.add_edge(START, "pack")
+    b.add_edge("pack", "decide")
+    b.add_edge("decide", END)
+    url = str(tmp_path / "s")
+    graph = b.compile(checkpointer=CasSaver(CheckpointStore.open(url)))
+    graph.invoke({"parcel": None, "decision": None}, cfg("agent-1"))
+    mark.unlink()
+    return url, mark
+
+
+def test_stand_ins_show_with_their_class_name_and_are_never_imported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, mark = _stand_in_thread(tmp_path, monkeypatch)
+    got = run_json(capsys, "show", url, "agent-1", "--path", "channel_values")["value"]
+    assert got["parcel"] == {"$class": "shipping_cas_test.Parcel",
+                             "data": {"sku": "blue-widget", "speed": {
+                                 "$class": "shipping_cas_test.Speed", "data": "fast"}}}
+    assert got["decision"]["data"] == {"ok": True, "note": "approved blue-widget"}
+    assert got["decision"]["$class"].endswith("<locals>.Decision")
+    code, out, err = run(capsys, "show", url, "agent-1", "--state-only")
+    assert code == 0 and '<shipping_cas_test.Parcel> {' in out and '"sku": "blue-widget"' in out
+    assert '<shipping_cas_test.Speed> "fast"' in out, err
+    code, out, err = run(capsys, "show", url, "agent-1", "--path",
+                         "channel_values.decision.note", "--state-only")
+    assert (code, out.strip()) == (0, '"approved blue-widget"'), err
+    code, out, err = run(capsys, "log", url, "agent-1")
+    assert code == 0 and out.count("checkpoint_id=") == 4, err
+    code, out, err = run(capsys, "diff", url, "agent-1~1", "agent-1")
+    assert code == 0 and '+ state["channel_values"]["decision"]' in out.replace(
+        '~ state["channel_values"]["decision"]', '+ state["channel_values"]["decision"]'), err
+    assert "<locals>.Decision>" in out and '"approved blue-widget"' in out
+    found = run_json(capsys, "search", url, "approved")["matches"]
+    assert [m["path"] for m in found] == ['["channel_values"]["decision"].note']
+    code, out, err = run(capsys, "verify", url, "--deep")
+    assert code == 0 and "OK" in out, err
+    # a fresh process where the class's module could be imported: nothing imports it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), *sys.path])}
+    for args, shows in ((["show", url, "agent-1"], "<shipping_cas_test.Parcel>"),
+                        (["log", url, "agent-1"], "checkpoint_id="),
+                        (["diff", url, "agent-1~2", "agent-1"], "<shipping_cas_test.Parcel>"),
+                        (["search", url, "widget", "--all-history"], ".sku  blue-widget"),
+                        (["show", url, "agent-1", "--types", "langgraph"], "<shipping_cas")):
+        done = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and shows in done.stdout, (args, done.stderr)
+    assert not mark.exists()

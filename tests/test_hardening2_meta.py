@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from _hostile import files
 
 import cas_checkpoint
 from cas_checkpoint import (
@@ -41,16 +42,6 @@ from cas_checkpoint.objects import (
 
 ROOT = str(Path(cas_checkpoint.__file__).resolve().parent.parent)  # the package tested
 
-
-def files(root: str) -> dict[str, bytes]:
-    """Every file under ``root`` and its bytes (what a refused save must leave unchanged)."""
-    out = {}
-    for folder, _dirs, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read()
-    return out
 
 
 READ = """

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _hostile import files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import cli, cli_json
@@ -145,9 +146,6 @@ def test_no_sequence_of_tool_calls_reduces_the_checkpoints_in_the_store(data: An
 # --- 15: the demo never replaces a thread it did not write -----------------------------------
 
 
-def _files(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
-
 
 @pytest.mark.parametrize("thread", ["support-agent", "support-agent/what-if"])
 def test_demo_refuses_a_store_with_the_users_thread_of_its_name(tmp_path: Path,
@@ -155,12 +153,12 @@ def test_demo_refuses_a_store_with_the_users_thread_of_its_name(tmp_path: Path,
     url = str(tmp_path / "store")
     store = CheckpointStore.open(url)
     mine = [store.save(thread, {"messages": [f"my own {i}"]}, label="keep").id for i in range(3)]
-    before = _files(tmp_path / "store")
+    before = files(tmp_path / "store")
     code, out, err = cli("demo", url)
     assert code == 2 and out == "", err
     assert repr(thread) in err and "empty folder" in err and "delete-thread" in err
     assert "wrote nothing" in err and len(err.splitlines()) == 1
-    assert _files(tmp_path / "store") == before  # nothing written, nothing deleted
+    assert files(tmp_path / "store") == before  # nothing written, nothing deleted
     again = CheckpointStore.open(url)
     assert again.threads() == [thread] and [i.id for i in again.history(thread)] == mine[::-1]
 
@@ -200,7 +198,7 @@ def _with_garbage(store: CheckpointStore) -> None:
     store.delete_thread("gone")
 
 
-def _pack_files(store: CheckpointStore) -> set[str]:
+def _packfiles(store: CheckpointStore) -> set[str]:
     return {i.key for i in store._core.backend.list("packs")}
 
 
@@ -208,9 +206,9 @@ def _pack_files(store: CheckpointStore) -> set[str]:
 def test_gc_dry_run_reports_what_the_run_then_does(kind: str, tmp_path: Path) -> None:
     store = mem() if kind == "memory" else CheckpointStore.open(str(tmp_path / "s"))
     _with_garbage(store)
-    packs = _pack_files(store)
+    packs = _packfiles(store)
     dry = store.gc(grace=timedelta(0), dry_run=True, repack=True)
-    assert _pack_files(store) == packs  # a dry run changes nothing
+    assert _packfiles(store) == packs  # a dry run changes nothing
     real = store.gc(grace=timedelta(0), repack=True)
     want, got = dry.to_dict(), real.to_dict()
     assert want["repacked_threads"] >= 2 and want["deleted_objects"] > 0
@@ -242,17 +240,17 @@ def test_cli_gc_refuses_a_short_grace_on_s3_before_it_repacks(
     url = f"s3://{moto_server['bucket']}/ops-{uuid.uuid4().hex[:8]}"
     store = CheckpointStore.open(url, storage_options=moto_server["storage_options"])
     _with_garbage(store)
-    packs, heads = _pack_files(store), {t: store.head(t) for t in store.threads()}
+    packs, heads = _packfiles(store), {t: store.head(t) for t in store.threads()}
     refs = {i.key: i.mtime for i in store._core.backend.list("refs")}
     code, out, err = cli("gc", url, "--grace", "0s", "--endpoint-url", moto_server["endpoint"])
     assert code == 2, err
-    assert _pack_files(store) == packs  # no repack ran (it did: packs 4 -> 6)
+    assert _packfiles(store) == packs  # no repack ran (it did: packs 4 -> 6)
     assert "--grace 1s" in err and "--force" in err and "Nothing was changed" in err
     assert {i.key: i.mtime for i in store._core.backend.list("refs")} == refs
     assert {t: store.head(t) for t in store.threads()} == heads
     with pytest.raises(InvalidArgumentError, match="force=True"):
         store.gc(grace=timedelta(0), repack=True)
-    assert _pack_files(store) == packs
+    assert _packfiles(store) == packs
 
 
 # --- 8: gc's local housekeeping fails with a StorageError that says what to do ---------------
@@ -302,10 +300,10 @@ def test_gc_when_its_folder_is_a_file(tmp_path: Path) -> None:
     store.save("gone", {"a": "y" * 5000})
     store.delete_thread("gone")
     (tmp_path / "s" / "gc").write_text("not a folder")
-    packs = _pack_files(store)
+    packs = _packfiles(store)
     with pytest.raises(StorageError, match="must be a folder") as caught:
         store.gc(grace=timedelta(0))
-    assert "move it away" in str(caught.value) and _pack_files(store) == packs
+    assert "move it away" in str(caught.value) and _packfiles(store) == packs
     code, out, err = cli("gc", str(tmp_path / "s"), "--grace", "0s")
     assert code == 2 and "must be a folder" in err and len(err.splitlines()) == 1, err
     assert "OSError" not in err and "NotADirectoryError" not in err

@@ -36,13 +36,18 @@ def test_store_methods() -> None:
     assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
     params = inspect.signature(CheckpointStore.search).parameters
     assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
-                            "progress"]
+                            "progress", "checkpoint_id"]
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[2:])
     params = inspect.signature(CheckpointStore.save).parameters
     assert list(params)[:3] == ["self", "thread_id", "state"]
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY
                for p in ("label", "tags", "metadata", "expected_head", "status", "kind",
                          "reason"))
+    for cls in (CheckpointStore, AsyncCheckpointStore):  # several ids, one compare-and-swap
+        params = inspect.signature(cls.delete).parameters
+        assert list(params) == ["self", "thread_id", "checkpoint_ids", "expected_head"], cls
+        assert params["checkpoint_ids"].kind is inspect.Parameter.VAR_POSITIONAL
+        assert params["expected_head"].kind is inspect.Parameter.KEYWORD_ONLY
     for method, names in (("find", ("status", "kind")), ("history", ("status", "kind")),
                           ("stats", ("by_thread",))):
         params = inspect.signature(getattr(CheckpointStore, method)).parameters

@@ -49,5 +49,5 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     test_cmd = next(b.strip() for b in bash if "pytest" in b)
     assert test_cmd in ci
     assert any("cas-checkpoint demo" in b for b in bash)
-    for tool in ("ruff check cas_checkpoint tests benchmarks", "mypy"):
+    for tool in ("ruff check cas_checkpoint tests benchmarks compat", "mypy"):
         assert tool in ci and tool in README.read_text()

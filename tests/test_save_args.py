@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from _hostile import files
 from _soak import soak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -74,15 +75,6 @@ CALL = st.fixed_dictionaries({
 
 _ = (datetime, timedelta, Decimal, UUID)  # (the value model the STATE strategy draws from)
 
-
-def files(root: str) -> dict[str, bytes]:
-    out = {}
-    for folder, _dirs, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read()
-    return out
 
 
 READER = r"""

@@ -14,7 +14,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import CheckpointInfo, CheckpointStore, InvalidArgumentError, Key, NotFoundError
+from .. import (
+    CheckpointInfo,
+    CheckpointStore,
+    InvalidArgumentError,
+    Key,
+    NotFoundError,
+    TypeRegistry,
+)
+from ..walk import Stored
 
 OK, PROBLEMS, ERROR = 0, 1, 2  # exit codes
 
@@ -90,15 +98,21 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _types(args: argparse.Namespace) -> Any:
-    if getattr(args, "types", None) != "langgraph":
-        return ()
-    try:
-        from ..integrations.langgraph import default_types
-    except ImportError as exc:
-        raise CliError(f"--types langgraph needs LangGraph: pip install "
-                       f"'cas_checkpoint[langgraph]' ({exc})") from None
-    return default_types()
+def _types(args: argparse.Namespace) -> Any:  # a TypeRegistry (open() takes one as types=)
+    """The classes the command line builds (``--types langgraph``: LangGraph's and LangChain's;
+    else none). An object of any other class, such as a stand-in CasSaver stored for a class it
+    was not told about, is shown as ``Stored(name, data)``: its class name and its data; no
+    class is ever imported by its name."""
+    reg = TypeRegistry()
+    if getattr(args, "types", None) == "langgraph":
+        try:
+            from ..integrations.langgraph import default_types
+        except ImportError as exc:
+            raise CliError(f"--types langgraph needs LangGraph: pip install "
+                           f"'cas_checkpoint[langgraph]' ({exc})") from None
+        reg = default_types()
+    reg.unknown = Stored
+    return reg
 
 
 def open_store(args: argparse.Namespace, url: str | None = None, *,
@@ -244,6 +258,9 @@ def jsonable(value: Any) -> Any:
             out = v.isoformat()
         elif isinstance(v, CheckpointInfo):
             out = info_dict(v)
+        elif type(v) is Stored:  # an object of a class the store was not given
+            out = {"$class": v.name, "data": None}
+            stack.append((v.data, out, "data"))
         else:
             out = repr(v)
         parent[key] = out

@@ -24,33 +24,14 @@ from typing import Any
 
 from .. import CheckpointInfo, CheckpointStore, NotFoundError
 from .._fmt import human_bytes
-from ..heads import Head
-from ..objects import CheckpointId, ObjectId
-from ..ops import Step
-from ..refs import Ref
+from ..integrations.lgnames import name_of as name_of
+from ..integrations.lgnames import parse_name as parse_name
+from ..objects import CheckpointId
 from . import common
 from .common import CliError
 
-PREFIX = "lg:"
 SPECIAL = {"__interrupt__": "interrupt", "__error__": "error", "__resume__": "resume"}
 _LG_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f-]{1,27}")  # LangGraph's uuid-like ids (or a prefix)
-
-
-def parse_name(name: str) -> tuple[str, str] | None:
-    """(thread_id, checkpoint_ns) of a store thread CasSaver writes, else None."""
-    if not name.startswith(PREFIX):
-        return None
-    try:
-        got = json.loads(name[len(PREFIX):])
-    except ValueError:
-        return None
-    if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
-        return got[0], got[1]
-    return None
-
-
-def name_of(thread_id: str, ns: str) -> str:
-    return PREFIX + json.dumps([thread_id, ns], ensure_ascii=False, separators=(",", ":"))
 
 
 def is_checkpoint(info: CheckpointInfo) -> bool:
@@ -369,21 +350,30 @@ def _delta_counters(info: CheckpointInfo) -> list[str]:
 
 def remove(store: CheckpointStore, name: str, ids: set[CheckpointId]) -> None:
     """Remove exactly these entries from a thread's log, in one compare-and-swap (refs only; the
-    objects stay until repack and gc). Entries saved meanwhile stay: the set is removed from
-    whatever the log holds when the swap happens. (The public API removes one checkpoint per
-    swap, which for a long thread rebuilds its log once per entry.)"""
-    if not ids:
-        return
-    core = store._core  # noqa: SLF001 - the store's own engine, as prune and delete drive it
+    objects stay until repack and gc). Entries saved meanwhile stay."""
+    if ids:
+        store.delete(name, *sorted(ids))
 
-    def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
-        if ref is None or ref.head.head is None:
-            raise NotFoundError(f"thread {name!r} does not exist (deleted meanwhile?)")
-        entries = yield from core.refs.entries(ref.head)
-        kept = [e for e in entries if e.id not in ids]
-        if not kept:
-            return None, {}
-        head = ref.head.head if ref.head.head not in ids else kept[-1].id
-        return (yield from core.refs.rebuilt(ref.head, kept, head))
 
-    store._run(core._edit(name, change))  # noqa: SLF001
+# --- history edits ---
+
+
+def with_writes(lgt: LgThread, infos: Iterable[CheckpointInfo]) -> set[CheckpointId]:
+    """These checkpoints' entries and their pending writes' entries."""
+    ids: set[CheckpointId] = set()
+    for info in infos:
+        ids.add(info.id)
+        ids.update(w.id for w in lgt.writes.get(str(info.metadata.get("lg")), []))
+    return ids
+
+
+def newer(lgt: LgThread, info: CheckpointInfo) -> list[CheckpointInfo]:
+    """The checkpoints LangGraph put after ``info`` (its ids grow with time)."""
+    return [i for i in lgt.checkpoints if str(i.metadata["lg"]) > str(info.metadata["lg"])]
+
+
+def namespaces(threads: list[str], spec: str) -> list[str]:
+    """Every store thread of LangGraph thread ``spec`` (one per namespace), or ``[spec]``."""
+    if spec in threads:
+        return [spec]
+    return sorted(t for t in threads if (got := parse_name(t)) and got[0] == spec) or [spec]

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import copy_threads
 from .._fmt import human_bytes
+from . import langgraph as lg
 from .common import OK, emit_json, open_store
 from .progress import bar
 
@@ -20,6 +21,7 @@ def _report(r: Any) -> dict[str, Any]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store(args)
+    args.thread = lg.thread_name(store.threads(), args.thread)  # agent-1: LangGraph's id
     with bar(args, "export") as progress:
         r = store.export_thread(args.thread, args.file, progress=progress)
     if args.json:

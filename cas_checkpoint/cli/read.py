@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import CasError, CheckpointInfo, CheckpointStore
+from .. import CasError, CheckpointInfo, CheckpointStore, SearchResult
 from .._fmt import human_bytes
 from . import langgraph as lg
 from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store
@@ -310,10 +310,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
            for t, s in (getattr(stats, "by_thread", None) or {}).items()}
     for thread, row in per.items():
         _lg_stats(store, thread, row)
+    writes = _pending_writes(store)
+    if writes is not None:  # LangGraph threads: their pending writes are entries too
+        total["checkpoints"], total["pending_writes"] = stats.checkpoints - writes, writes
+    counted = (f"{stats.checkpoints} checkpoints" if writes is None else
+               f"{stats.checkpoints - writes} checkpoints and {writes} pending writes")
     if args.json:
         emit_json({**total, **({"by_thread": per} if args.by_thread else {})})
         return OK
-    print(f"{stats.threads} threads, {stats.checkpoints} checkpoints: states add up to "
+    print(f"{stats.threads} threads, {counted}: states add up to "
           f"{human_bytes(stats.logical_bytes)}, stored in {human_bytes(stats.physical_bytes)} "
           f"({stats.objects} packs): {stats.dedup_ratio:.1f}x less than a copy per checkpoint")
     if args.by_thread and per:
@@ -331,6 +336,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
                           f"{s.get('dedup_ratio') or 0:.1f}x")
         _console().print(table)
     return OK
+
+
+def _pending_writes(store: CheckpointStore) -> int | None:
+    """How many of the store's entries are LangGraph's pending writes (None: no LangGraph
+    thread); an entry forked threads share counts once, as in ``stats``."""
+    names = [t for t in store.threads() if lg.parse_name(t)]
+    if not names:
+        return None
+    ids: set[str] = set()
+    for name in names:
+        try:
+            lgt = lg.read(store, name)
+        except CasError as exc:
+            print(f"cas-checkpoint: thread {name!r}: {exc}", file=sys.stderr)
+            continue
+        if lgt is not None:
+            ids.update(w.id for ws in lgt.writes.values() for w in ws)
+    return len(ids)
 
 
 def _lg_stats(store: CheckpointStore, thread: str, row: dict[str, Any]) -> None:
@@ -353,9 +376,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.thread is not None:
         args.thread = lg.thread_name(threads, args.thread)
     with bar(args, "search", "checkpoints") as progress:
-        r: Any = store.search(args.query, regex=args.regex,
-                              thread_id=args.thread, all_history=args.all_history,
-                              limit=args.limit, progress=progress)
+        r: Any = _search(store, threads, args, progress)
     if args.json:
         emit_json({"query": args.query, "regex": args.regex, "matches": [
             {"thread": m.thread_id, "checkpoint": m.checkpoint_id, "path": m.path,
@@ -369,6 +390,34 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"{r.checkpoints_searched} checkpoints; read {r.nodes_read} tree nodes "
           f"({human_bytes(r.bytes_read)})")
     return OK
+
+
+def _search(store: CheckpointStore, threads: list[str], args: argparse.Namespace,
+            progress: Any) -> Any:
+    """``store.search``; without ``--all-history``, a LangGraph thread is searched at its latest
+    checkpoint (its head may be a pending write), so each thread is searched on its own."""
+    kw: dict[str, Any] = {"regex": args.regex, "progress": progress}
+    targets = [args.thread] if args.thread is not None else threads
+    if args.all_history or not any(lg.parse_name(t) for t in targets):
+        return store.search(args.query, thread_id=args.thread, all_history=args.all_history,
+                            limit=args.limit, **kw)
+    matches: list[Any] = []
+    searched = nodes = read = 0
+    truncated = False
+    for thread in targets:
+        lgt = lg.read(store, thread)
+        if lgt is not None and not lgt.checkpoints:
+            continue
+        left = None if args.limit is None else args.limit - len(matches)
+        if left == 0:
+            break
+        r = store.search(args.query, thread_id=thread, limit=left,
+                         checkpoint_id=lgt.checkpoints[0].id if lgt is not None else None, **kw)
+        matches += r.matches
+        truncated = truncated or r.truncated
+        searched, nodes, read = (searched + r.checkpoints_searched, nodes + r.nodes_read,
+                                 read + r.bytes_read)
+    return SearchResult(matches, nodes, read, searched, truncated)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

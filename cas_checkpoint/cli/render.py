@@ -15,6 +15,7 @@ from typing import Any
 from .._fmt import human_bytes
 from ..extypes import TypeRegistry
 from ..model import CheckpointInfo
+from ..walk import Stored
 from .common import CliError
 
 # --- one checkpoint per line ---
@@ -83,6 +84,9 @@ def _scalar(value: Any, full: bool) -> str | None:
 
 
 def _render(value: Any, depth: int, out: list[str], full: bool, pad: str) -> None:
+    while type(value) is Stored:  # an object of a class the store was not given
+        out.append(f"<{value.name}> ")
+        value = value.data
     text = _scalar(value, full)
     if text is not None:
         out.append(text)
@@ -179,6 +183,8 @@ def stored_fields(value: Any, types: TypeRegistry | None = None) -> Any:
     fields (``.content``): a dataclass's or pydantic model's fields, an Enum's value, an
     adapted class's data; None for anything else. Attributes are read, nothing is called but
     the adapter the store was given for that class."""
+    if type(value) is Stored:  # a class the store was not given: its data as stored
+        return value.data
     entry = types._by_class.get(type(value)) if types is not None else None  # noqa: SLF001
     if entry is not None and entry.to_data is not None:
         return entry.to_data(value)

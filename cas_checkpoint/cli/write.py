@@ -17,7 +17,6 @@ from .common import (
     encryption,
     info_dict,
     open_store,
-    resolve,
     storage_options,
 )
 from .progress import bar
@@ -46,48 +45,89 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    at = resolve(store, args.checkpoint, thread=args.thread)
-    info = store.fork(args.thread, at.id, args.new_thread)
+    store, threads = lg.open_store(args)
+    name = lg.thread_name(threads, args.thread)
+    at = lg.resolve(store, args.checkpoint, thread=args.thread, threads=threads)
+    new, got = args.new_thread, lg.parse_name(name)
+    if got is not None and lg.is_checkpoint(at) and lg.parse_name(new) is None:
+        new = lg.name_of(new, got[1])  # a LangGraph thread forks into a LangGraph thread
+    info = store.fork(name, at.id, new)
     if args.json:
-        emit_json({"thread": args.new_thread, "head": info_dict(info)})
+        emit_json({"thread": new, "head": info_dict(info)})
+    elif lg.is_checkpoint(at):
+        print(f"forked LangGraph thread {args.thread!r} at checkpoint {at.metadata['lg']} "
+              f"(step {lg.lg_meta(at).get('step')}) into {new!r} (LangGraph thread id "
+              f"{args.new_thread!r}); no state copied, no pending writes carried")
     else:
-        print(f"forked {args.thread!r} at {at.id[:12]} (step {at.step}) into "
-              f"{args.new_thread!r}; no state copied")
+        print(f"forked {name!r} at {at.id[:12]} (step {at.step}) into {new!r}; no state copied")
     return OK
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    at = resolve(store, args.checkpoint, thread=args.thread)
-    before = store.count(args.thread)
-    info = store.rewind(args.thread, at.id)
-    dropped = before - store.count(args.thread)
+    store, threads = lg.open_store(args)
+    name = lg.thread_name(threads, args.thread)
+    at = lg.resolve(store, args.checkpoint, thread=args.thread, threads=threads)
+    lgt = lg.read(store, name) if lg.is_checkpoint(at) else None
+    if lgt is not None:  # LangGraph's later checkpoints go with their writes; at's writes stay
+        later = lg.newer(lgt, at)
+        ids = lg.with_writes(lgt, later)
+        if ids:
+            store.delete(name, *sorted(ids))
+        if args.json:
+            emit_json({"thread": name, "checkpoint_id": at.metadata["lg"],
+                       "head": info_dict(at), "left_the_thread": len(later),
+                       "pending_writes_left": len(ids) - len(later)})
+        else:
+            print(f"LangGraph thread {lgt.label} now ends at checkpoint {at.metadata['lg']} "
+                  f"(step {lg.lg_meta(at).get('step')}); {len(later)} checkpoints and "
+                  f"{len(ids) - len(later)} pending writes left the thread (their objects stay "
+                  "until gc)")
+        return OK
+    before = store.count(name)
+    info = store.rewind(name, at.id)
+    dropped = before - store.count(name)
     if args.json:
-        emit_json({"thread": args.thread, "head": info_dict(info), "left_the_thread": dropped})
+        emit_json({"thread": name, "head": info_dict(info), "left_the_thread": dropped})
     else:
-        print(f"{args.thread!r} now ends at {at.id[:12]} (step {at.step}); {dropped} "
+        print(f"{name!r} now ends at {at.id[:12]} (step {at.step}); {dropped} "
               "checkpoints left the thread (their objects stay until gc)")
     return OK
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    at = resolve(store, args.checkpoint, thread=args.thread)
-    store.delete(args.thread, at.id)
+    store, threads = lg.open_store(args)
+    name = lg.thread_name(threads, args.thread)
+    at = lg.resolve(store, args.checkpoint, thread=args.thread, threads=threads)
+    lgt = lg.read(store, name) if lg.is_checkpoint(at) else None
+    ids = lg.with_writes(lgt, [at]) if lgt is not None else {at.id}
+    store.delete(name, *sorted(ids))
     if args.json:
-        emit_json({"thread": args.thread, "deleted": at.id})
+        emit_json({"thread": name, "deleted": at.id, "pending_writes_deleted": len(ids) - 1,
+                   **({"checkpoint_id": at.metadata["lg"]} if lgt is not None else {})})
+    elif lgt is not None:
+        print(f"deleted LangGraph checkpoint {at.metadata['lg']} ({at.id[:12]}) and its "
+              f"{len(ids) - 1} pending writes from {lgt.label} (objects stay until gc)")
     else:
-        print(f"deleted {at.id[:12]} from {args.thread!r} (its objects stay until gc)")
+        print(f"deleted {at.id[:12]} from {name!r} (its objects stay until gc)")
     return OK
 
 
 def cmd_delete_thread(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    n = store.count(args.thread)
-    store.delete_thread(args.thread)
+    """A LangGraph thread id deletes every namespace of that thread, as LangGraph's
+    ``delete_thread`` does."""
+    store, threads = lg.open_store(args)
+    names = lg.namespaces(threads, args.thread)
+    counts = {name: store.count(name) for name in names}
+    for name in names:
+        store.delete_thread(name)
+    n = sum(counts.values())
     if args.json:
-        emit_json({"thread": args.thread, "deleted": True, "checkpoints": n})
+        emit_json({"thread": args.thread, "deleted": True, "checkpoints": n,
+                   "threads": sorted(counts)})
+    elif names != [args.thread]:
+        print(f"deleted LangGraph thread {args.thread!r}: {len(names)} namespace"
+              f"{'s' if len(names) > 1 else ''} ({', '.join(repr(t) for t in names)}), {n} "
+              "entries (checkpoints and pending writes; objects stay until gc)")
     else:
         print(f"deleted thread {args.thread!r} ({n} checkpoints; objects stay until gc)")
     return OK

@@ -29,6 +29,10 @@ How LangGraph's model maps onto the store (``pip install 'cas_checkpoint[langgra
   instead). Any other object is a ``SerializationError`` on put.
 * two processes writing one thread both land (compare-and-swap), each checkpoint with the parent
   LangGraph gave it.
+* reads cost what the head holds, not the thread's length (``cursor``): each checkpoint entry
+  records the greatest LangGraph id up to it, so ``get_tuple``, a put's parent lookup,
+  ``list(limit=k)`` and the DeltaChannel walk read the log newest first only back to what they
+  need.
 
 Every method is one step (``cas_checkpoint.ops``), run by the sync methods with blocking calls
 and by the ``a``-methods on the event loop: one implementation, two faces.

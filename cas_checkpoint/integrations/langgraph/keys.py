@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 from langchain_core.runnables import RunnableConfig
 
 from ...errors import InvalidArgumentError
+from .. import lgnames as _names
 
-PREFIX = "lg:"
-
-
-def _key(thread_id: str, ns: str) -> str:
-    return PREFIX + json.dumps([thread_id, ns], ensure_ascii=False, separators=(",", ":"))
-
-
-def _parse(name: str) -> tuple[str, str] | None:
-    """(thread_id, ns) of a store thread of this saver's, else None."""
-    if not name.startswith(PREFIX):
-        return None
-    try:
-        got = json.loads(name[len(PREFIX):])
-    except ValueError:
-        return None
-    if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
-        return got[0], got[1]
-    return None
+PREFIX = _names.PREFIX
+_key = _names.name_of
+_parse = _names.parse_name
 
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:

@@ -23,13 +23,14 @@ from ...core import Core
 from ...errors import ConflictError, InvalidArgumentError, NotFoundError
 from ...heads import Head
 from ...model import CheckpointInfo
-from ...objects import CheckpointId
+from ...objects import CheckpointId, LogEntry
 from ...ops import Step
+from .cursor import EARLY, MAX_EARLY, MAX_KEY, WRITES_FROM, Cursor, lg_of
 from .encode import PutEncoder
 from .keys import _config, _key, _parse, _target
 from .meta import from_log, to_log
 
-RECENT = 16  # entries a put looks through for its parent before reading the whole log
+RECENT = 16  # checkpoints whose states the delta-channel walk loads in one batch
 
 
 class Steps:
@@ -54,22 +55,32 @@ class Steps:
         return [e for e in (every if every is not None else (yield from self._all(name)))
                 if "lg" in e.metadata]
 
-    def _find(self, name: str, lg: str) -> Step[CheckpointInfo | None]:
-        """The entry of LangGraph checkpoint ``lg``: among the recent entries first (they are in
-        the thread's ref: no pack read), then the whole log."""
-        recent: list[CheckpointInfo] = []
-        for cached in (True, False):  # the ref this process last wrote, else the stored one
+    def _cursor(self, name: str, cached: bool = False) -> Step[tuple[Head, Cursor] | None]:
+        """The head of a store thread and a cursor over its log (``cursor.py``): the head this
+        process last wrote or read when ``cached``, else the stored one; None when the thread
+        does not exist."""
+        known = self._core._known.get(name) if cached else None
+        if known is not None:
+            head = known.head
+        else:
             try:
-                recent = yield from self._core.history(name, limit=RECENT, cached=cached)
+                head = (yield from self._core.ref(name)).head
             except NotFoundError:
                 return None
-            found = next((e for e in recent if e.metadata.get("lg") == lg), None)
+        return head, Cursor((yield from self._core.refs.newest_first(head)))
+
+    def _find(self, name: str, lg: str) -> Step[LogEntry | None]:
+        """The entry of LangGraph checkpoint ``lg``: in the head this process last wrote (no
+        read), else in the stored head. Reads the entries since it (the log has ``lgm``
+        bounds) or, for a thread written before them, the log back to it."""
+        for cached in (True, False):
+            got = yield from self._cursor(name, cached)
+            if got is None:
+                continue
+            found = got[1].find(lg)
             if found is not None:
                 return found
-        if len(recent) == RECENT:
-            found = next((e for e in (yield from self._entries(name))
-                          if e.metadata.get("lg") == lg), None)
-        return found
+        return None
 
     def _names(self, thread_id: str | None = None) -> Step[list[tuple[str, str, str]]]:
         """(store name, thread_id, ns) of this saver's threads (of one thread_id)."""
@@ -91,19 +102,32 @@ class Steps:
         if parent is not None:  # LangGraph's parent, which need not be the head (time travel)
             found = yield from self._find(name, parent)
             parents = (found.id,) if found is not None else ()
-        check = None
-        if self.conflicts == "raise":
-            def check(head: Head) -> Step[None]:
-                latest = None
-                for entry in (yield from self._core.refs.newest_first(head)):
-                    if "lg" in entry.metadata:
-                        latest = entry.metadata["lg"]
-                        break
-                if latest != parent:
-                    raise ConflictError(name, parent, latest)
+        lg = str(checkpoint["id"])
+        raising = self.conflicts == "raise"
+
+        def stamp(head: Head) -> Step[dict[str, Any]]:
+            """``lgm`` of the new entry, from the head it extends (inside the compare-and-swap:
+            exact whatever other writers did): the newest checkpoint entry's ``lgm``, or for a
+            thread written before ``lgm`` existed, the greatest id of its whole log (once)."""
+            cursor, early = yield from self._early(head)
+            newest = cursor.first_checkpoint()
+            if raising and (None if newest is None else lg_of(newest)) != parent:
+                raise ConflictError(name, parent, None if newest is None else lg_of(newest))
+            top = None if newest is None else newest.metadata.get(MAX_KEY)
+            anchor = early.pop(lg, None)
+            if newest is not None and not isinstance(top, str):
+                top = lg_of(cursor.latest() or newest)  # a log of before lgm: read it all,
+                anchor = ""  # once; and its writes may be anywhere in it
+            out: dict[str, Any] = {MAX_KEY: lg if top is None or lg > top else top}
+            if anchor is not None:
+                out[WRITES_FROM] = anchor
+            if early:
+                out[EARLY] = early
+            return out
+
         state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
         info = yield from self._core.save(name, state, metadata=meta, parents=parents,
-                                          check=check)
+                                          check=stamp)
         self._encoder.saved(thread_id, ns, state, info.id)
         return _config(thread_id, ns, checkpoint["id"])
 
@@ -118,22 +142,44 @@ class Steps:
         if not items:
             return
         state = {"task": task_id, "path": task_path, "writes": items}
+
+        def stamp(head: Head) -> Step[dict[str, Any] | None]:
+            """Carry the newest entry's ``lge`` on, with ``cid`` added when its checkpoint is
+            not in the log yet (an early write: see ``cursor.py``)."""
+            cursor, early = yield from self._early(head)
+            if cid not in early and cursor.find(cid) is None:
+                early[cid] = head.head or ""
+                while len(early) > MAX_EARLY:
+                    del early[next(iter(early))]
+            return {EARLY: early} if early else None
+
         yield from self._core.save(_key(thread_id, ns), state,
-                                   metadata={"w": cid, "task": task_id}, parents=())
+                                   metadata={"w": cid, "task": task_id}, parents=(),
+                                   check=stamp)
+
+    def _early(self, head: Head) -> Step[tuple[Cursor, dict[str, str]]]:
+        """A cursor over ``head``'s log and the ``lge`` map its newest entry carries."""
+        cursor = Cursor((yield from self._core.refs.newest_first(head)))
+        newest = cursor.step()
+        got = None if newest is None else newest.metadata.get(EARLY)
+        early = ({str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {})
+        return cursor, early
 
     def _writes(self, thread_id: str, ns: str, cids: set[str] | None,
-                every: list[CheckpointInfo] | None = None) -> Step[dict[str, list[PendingWrite]]]:
+                every: Sequence[CheckpointInfo | LogEntry] | None = None,
+                head: Head | None = None) -> Step[dict[str, list[PendingWrite]]]:
         """Pending writes per LangGraph checkpoint id (of ``cids``, or all), deduplicated as
         LangGraph's savers do and in ``writes_sort_key`` order (found in ``every``, the
-        thread's entries, when the caller read them already: a long log is read once)."""
+        thread's entries newest first, when the caller read them already: a long log is read
+        once; loaded from ``head`` when given, else from the stored ref)."""
         name = _key(thread_id, ns)
         entries = every if every is not None else (yield from self._all(name))
         wanted = [e for e in reversed(entries)
-                  if "w" in e.metadata and (cids is None or e.metadata["w"] in cids)]
+                  if "w" in e.metadata and (cids is None or str(e.metadata["w"]) in cids)]
         per: dict[str, dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
-        loaded = yield from self._core.load_many(name, [e.id for e in wanted])
+        loaded = yield from self._load(name, head, [e.id for e in wanted])
         for entry in wanted:  # oldest first
-            state, target = loaded[entry.id].state, str(entry.metadata["w"])
+            state, target = loaded[entry.id], str(entry.metadata["w"])
             got = per.setdefault(target, {})
             for idx, channel, value in state["writes"]:
                 key = (state["task"], idx)
@@ -144,69 +190,97 @@ class Steps:
             got.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))]
             for cp, got in per.items()}
 
+    def _load(self, name: str, head: Head | None, ids: list[CheckpointId]
+              ) -> Step[dict[CheckpointId, Any]]:
+        """The states of these entries, from ``head`` (the one the caller read them in: no
+        second read of the ref), else from the stored ref; one ``head`` no longer holds (a
+        merge and a gc since) is loaded from the stored ref."""
+        if not ids:
+            return {}
+        if head is not None:
+            try:
+                view = yield from self._core.objects.view(head)
+                return {i: self._core.decode(view, i, name).state for i in dict.fromkeys(ids)}
+            except NotFoundError:
+                pass
+        got = yield from self._core.load_many(name, ids)
+        return {i: cp.state for i, cp in got.items()}
+
     @staticmethod
-    def _tuple(thread_id: str, ns: str, info: CheckpointInfo, state: Any,
-               writes: list[PendingWrite], known: set[Any]) -> CheckpointTuple:
+    def _tuple(thread_id: str, ns: str, info: CheckpointInfo | LogEntry, state: Any,
+               writes: list[PendingWrite], cursor: Cursor) -> CheckpointTuple:
         """LangGraph's tuple of a checkpoint; one whose parent is no longer among the
-        namespace's checkpoints (``known``: prune, delete_for_runs) has no parent."""
+        namespace's checkpoints (prune, delete_for_runs: not found by ``cursor``) has no
+        parent."""
         lg, parent = info.metadata["lg"], info.metadata.get("lgp")
-        if parent not in known:
+        if parent is not None and cursor.find(str(parent)) is None:
             parent = None
         meta = cast(CheckpointMetadata, from_log(info.metadata["m"]))
         return CheckpointTuple(_config(thread_id, ns, lg), state, meta,
                                _config(thread_id, ns, parent) if parent else None, writes)
 
     def _get_tuple(self, config: RunnableConfig) -> Step[CheckpointTuple | None]:
+        """The latest checkpoint (or the one ``checkpoint_id`` names) and its pending writes:
+        the entries from the head back to it (``cursor.py``), its parent's entry, one load."""
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
-        every = yield from self._all(_key(thread_id, ns))
-        entries = yield from self._entries(_key(thread_id, ns), every)
-        if cid is None:
-            info = max(entries, key=lambda e: str(e.metadata.get("lg")), default=None)
-        else:
-            info = next((e for e in entries if e.metadata.get("lg") == cid), None)
+        name = _key(thread_id, ns)
+        got = yield from self._cursor(name)
+        if got is None:
+            return None
+        head, cursor = got
+        info = cursor.latest() if cid is None else cursor.find(cid)
         if info is None:
             return None
         lg = str(info.metadata["lg"])
-        writes = yield from self._writes(thread_id, ns, {lg}, every)
-        loaded = yield from self._core.load_many(_key(thread_id, ns), [info.id])
-        self._encoder.loaded(thread_id, ns, info.id, loaded[info.id].state)
-        return self._tuple(thread_id, ns, info, loaded[info.id].state, writes.get(lg, []),
-                           {e.metadata.get("lg") for e in entries})
+        cursor.reach([info])
+        writes = yield from self._writes(thread_id, ns, {lg}, cursor.writes({lg}), head)
+        loaded = yield from self._load(name, head, [info.id])
+        self._encoder.loaded(thread_id, ns, info.id, loaded[info.id])
+        return self._tuple(thread_id, ns, info, loaded[info.id], writes.get(lg, []), cursor)
 
     def _list(self, config: RunnableConfig | None, filter: dict[str, Any] | None,
               before: RunnableConfig | None, limit: int | None) -> Step[list[CheckpointTuple]]:
+        """Checkpoints, greatest id first per namespace; with ``limit``, a namespace's log is
+        read back only as far as its ``limit`` greatest ids (``Cursor.top``)."""
         conf = (config or {}).get("configurable") or {}
         want_thread = conf.get("thread_id")
         want_ns = conf.get("checkpoint_ns")
         want_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         out: list[CheckpointTuple] = []
-        names = yield from self._names(None if want_thread is None else str(want_thread))
+        if want_thread is not None and want_ns is not None:  # one namespace: no listing
+            names = [(_key(str(want_thread), str(want_ns)), str(want_thread), str(want_ns))]
+        else:
+            names = yield from self._names(None if want_thread is None else str(want_thread))
+
+        def accept(entry: LogEntry, lg: str) -> bool:
+            if (want_id and lg != want_id) or (before_id and lg >= before_id):
+                return False
+            meta = from_log(entry.metadata.get("m") or {})
+            return not filter or all(meta.get(k) == v for k, v in filter.items())
+
         for _name, thread_id, ns in sorted(names, key=lambda n: (n[1], n[2])):
             if want_ns is not None and ns != want_ns:
                 continue
-            every = yield from self._all(_key(thread_id, ns))
-            entries = yield from self._entries(_key(thread_id, ns), every)
-            chosen: list[CheckpointInfo] = []
-            for info in sorted(entries, key=lambda e: str(e.metadata.get("lg")), reverse=True):
-                lg = str(info.metadata.get("lg"))
-                if (want_id and lg != want_id) or (before_id and lg >= before_id):
-                    continue
-                meta = from_log(info.metadata.get("m") or {})
-                if filter and not all(meta.get(k) == v for k, v in filter.items()):
-                    continue
-                if limit is not None and len(out) + len(chosen) >= limit:
-                    break
-                chosen.append(info)
+            got = yield from self._cursor(_key(thread_id, ns))
+            if got is None:
+                continue
+            head, cursor = got
+            left = None if limit is None else limit - len(out)
+            if want_id:
+                found = cursor.find(want_id)
+                chosen = [found] if found is not None and accept(found, want_id) else []
+            else:
+                chosen = cursor.top(left, accept)
             if not chosen:
                 continue
-            writes = yield from self._writes(thread_id, ns,
-                                             {str(i.metadata["lg"]) for i in chosen}, every)
-            loaded = yield from self._core.load_many(_key(thread_id, ns), [i.id for i in chosen])
-            known = {e.metadata.get("lg") for e in entries}
-            out += [self._tuple(thread_id, ns, info, loaded[info.id].state,
-                                writes.get(str(info.metadata["lg"]), []), known)
+            lgs = {str(i.metadata["lg"]) for i in chosen}
+            cursor.reach(chosen)
+            writes = yield from self._writes(thread_id, ns, lgs, cursor.writes(lgs), head)
+            loaded = yield from self._load(_key(thread_id, ns), head, [i.id for i in chosen])
+            out += [self._tuple(thread_id, ns, info, loaded[info.id],
+                                writes.get(str(info.metadata["lg"]), []), cursor)
                     for info in chosen]
             if limit is not None and len(out) >= limit:
                 break

@@ -10,7 +10,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite, get_checkpoint_id
 
 from ...errors import InvalidArgumentError, NotFoundError
-from ...objects import CheckpointId
+from ...objects import CheckpointId, LogEntry
 from ...ops import Step
 from .keys import _key, _target
 from .meta import from_log
@@ -96,42 +96,56 @@ class Walks(Steps):
 
     def _delta_history(self, config: RunnableConfig, channels: Sequence[str]
                        ) -> Step[dict[str, DeltaChannelHistory]]:
+        """The writes to these DeltaChannels since their nearest snapshot, walking up the
+        parent chain of the checkpoint (the latest one) with one cursor over the log
+        (``cursor.py``): it reads back as far as the snapshot, not the whole log, and loads
+        the chain's states a batch at a time."""
         if not channels:
             return {}
         thread_id, ns = _target(config)
         name = _key(thread_id, ns)
-        every = yield from self._all(name)
-        by_lg = {str(e.metadata.get("lg")): e for e in (yield from self._entries(name, every))}
-        cid = get_checkpoint_id(config) or (max(by_lg) if by_lg else None)
-        target = by_lg.get(cid or "")
+        got = yield from self._cursor(name)
+        cid = get_checkpoint_id(config)
+        target = None if got is None else got[1].find(cid) if cid else got[1].latest()
         collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
         seeds: dict[str, Any] = {}
         remaining = set(channels)
-        chain = []
-        cursor = target.metadata.get("lgp") if target else None
-        while cursor in by_lg and cursor not in chain:
-            chain.append(cursor)
-            cursor = by_lg[cursor].metadata.get("lgp")
-        writes = (yield from self._writes(thread_id, ns, set(chain), every)) if chain else {}
+        chain: list[LogEntry] = []
+        parent = None if target is None else target.metadata.get("lgp")
+        writes: dict[str, list[PendingWrite]] = {}
         states: dict[CheckpointId, Any] = {}
-        for n, lg in enumerate(chain):  # one walk up the parent chain, newest first
-            if not remaining:
-                break
-            for write in reversed(writes.get(lg, [])):
+        n = 0
+        while remaining and got is not None:
+            head, cursor = got
+            if n == len(chain):  # the next batch of ancestors, their writes and states
+                while parent is not None and len(chain) < n + RECENT:
+                    found = cursor.find(str(parent))
+                    if found is None or any(e is found for e in chain):
+                        break
+                    chain.append(found)
+                    parent = found.metadata.get("lgp")
+                if n == len(chain):
+                    break
+                batch = chain[n:]
+                cursor.reach(batch)
+                lgs = {str(e.metadata["lg"]) for e in batch}
+                writes.update((yield from self._writes(thread_id, ns, lgs,
+                                                       cursor.writes(lgs), head)))
+                states.update((yield from self._load(name, head, [e.id for e in batch])))
+            entry = chain[n]
+            n += 1
+            for write in reversed(writes.get(str(entry.metadata["lg"]), [])):
                 if write[1] in remaining:
                     collected[write[1]].append(write)
-            if by_lg[lg].id not in states:  # the chain's states, a batch at a time
-                batch = [by_lg[x].id for x in chain[n:n + RECENT]]
-                states.update((yield from self._core.load_many(name, batch)))
-            values = states[by_lg[lg].id].state["channel_values"]
+            values = states[entry.id]["channel_values"]
             for ch in list(remaining):
                 if ch in values:
                     seeds[ch] = values[ch]
                     remaining.discard(ch)
         out: dict[str, DeltaChannelHistory] = {}
         for ch in channels:
-            entry: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
+            item: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
             if ch in seeds:
-                entry["seed"] = seeds[ch]
-            out[ch] = entry
+                item["seed"] = seeds[ch]
+            out[ch] = item
         return out

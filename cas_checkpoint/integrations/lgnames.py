@@ -1,0 +1,29 @@
+"""The store thread a LangGraph thread lives in: ``lg:["<thread_id>","<checkpoint_ns>"]``.
+
+Rule: CasSaver writes these names and the command line reads them through this module only; it
+imports nothing of LangGraph, so the command line can tell LangGraph's threads without it.
+"""
+
+from __future__ import annotations
+
+import json
+
+PREFIX = "lg:"
+
+
+def name_of(thread_id: str, ns: str) -> str:
+    """The store thread of LangGraph's ``(thread_id, checkpoint_ns)``."""
+    return PREFIX + json.dumps([thread_id, ns], ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_name(name: str) -> tuple[str, str] | None:
+    """``(thread_id, checkpoint_ns)`` of a store thread CasSaver writes, else None."""
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        got = json.loads(name[len(PREFIX):])
+    except ValueError:
+        return None
+    if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
+        return got[0], got[1]
+    return None
