@@ -395,7 +395,8 @@ def test_every_flipped_byte_is_caught(sample: bytes) -> None:
         _import_fails(bytes(damaged))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("CAS_FUZZ_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])  # CAS_FUZZ_EXAMPLES=5000: a long run
 @given(data=st.data())
 def test_fuzz_only_cas_errors(sample: bytes, data: st.DataObject) -> None:
     """Random flips, cuts and splices of a real bundle: a CasError, never anything else (no

@@ -212,6 +212,8 @@ def test_a_hostile_bundle_is_refused_before_it_grows_the_importer(tmp_path: Path
     assert peak < 3 * size / (1 << 20) + 200, got.stdout  # the record's bytes, a few copies
 
 
+FUZZ = int(os.environ.get("CAS_FUZZ_EXAMPLES", "300"))  # CAS_FUZZ_EXAMPLES=5000: a long run
+
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1) | st.floats(allow_nan=False)
     | st.text(max_size=40) | st.binary(max_size=300),
@@ -228,7 +230,7 @@ def _items(value: Any) -> int:
     return 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=FUZZ, deadline=None)
 @given(value=_values)
 def test_count_walks_every_value_msgpack_writes(value: Any) -> None:
     packed = msgpack.packb(value, use_bin_type=True)
@@ -239,7 +241,7 @@ def test_count_walks_every_value_msgpack_writes(value: Any) -> None:
             untrusted.count(packed, _items(value) - 1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=FUZZ, deadline=None)
 @given(data=st.binary(max_size=200))
 def test_count_agrees_with_msgpack_on_any_bytes(data: bytes) -> None:
     """What msgpack decodes, count walks to the same number of values; what count refuses,
