@@ -160,12 +160,12 @@ class Core(Upkeep):
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]
         if encoded is not None:
-            self._warm.state(root, encoded, nodes)
+            self._warm.state(thread_id, root, encoded, nodes)
         if ref is not None and ref.head.head == entry.id:  # (not one that held it already)
             self._warm.newest(thread_id, ref.head, saved["record"])
         if ref is not None and ref.head.lineage == saved["lineage"]:
             have = saved["skip"] or Known(saved["lineage"])
-            have.ids.update(saved["new"])  # every node not known before; the rest already were
+            have.add(nodes, saved["new"])  # the state's nodes, and all it wrote
             self._threads.remember(thread_id, ref, have)
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
@@ -338,7 +338,8 @@ class Core(Upkeep):
         state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
                           max_bytes=2 * record.size + (1 << 20))
         if newest:
-            self._warm.loaded(record.root, record.size, state, self.types)
+            self._warm.loaded(view.head.thread_id, record.root, record.size, state,
+                              self.types)
         return model.checkpoint_of(cid, thread_id, record, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,
