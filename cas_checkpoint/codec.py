@@ -94,7 +94,7 @@ from .extypes import _UNPACKB_LEVELS as _UNPACKB_LEVELS  # (re-exported, likewis
 from .links import Ref, Span, varint
 
 __all__ = ["MAX_EXT_DEPTH", "Ref", "Span", "TypeRegistry", "decode", "encode", "encode_link",
-           "encode_view"]
+           "encode_nested", "encode_view"]
 
 # ----------------------------------------------------------------------------- encoding
 
@@ -229,7 +229,9 @@ class _Encoder:
         the bytes expected (the buffer starts that big, so it need not grow)."""
         packer = msgpack.Packer(default=self.default, strict_types=True,
                                 buf_size=max(4096, size + wrap + 16), autoreset=False)
-        packer.pack([[value]] if wrap == 2 else [value])
+        for _ in range(wrap):  # (each wrapping list's header is one byte)
+            value = [value]
+        packer.pack(value)
         buf: memoryview = packer.getbuffer()
         return buf
 
@@ -359,6 +361,23 @@ def encode_link(link: Ref | Span) -> bytes:
 def encode(value: Any, *, types: TypeRegistry | None = None) -> bytes:
     """Encode ``value`` deterministically; raise SerializationError naming what and where."""
     return bytes(encode_view(value, types=types))  # copied once out of the packer's buffer
+
+
+def encode_nested(value: Any, depth: int, *, types: TypeRegistry | None = None) -> bytes:
+    """The bytes ``value`` has inside a value that ``encode`` encodes, where ``depth`` lists
+    and dicts enclose it (the state itself is at depth 0): msgpack is concatenative, so a
+    caller may join such pieces under the headers of their enclosing lists and dicts and get
+    exactly ``encode``'s bytes of the whole; the packer's depth limit counts from ``depth``,
+    so a piece that encodes here encodes in the whole. Raises SerializationError (naming the
+    value's place as ``state``) where ``encode`` would raise."""
+    reg = _NO_TYPES if types is None else types
+    try:
+        return bytes(_Encoder(reg).packed(value, depth + 1)[depth + 1:])
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise SerializationError(f"cannot store the value at state: {_brief(exc)}",
+                                 "state") from None
 
 
 def encode_view(value: Any, *, types: TypeRegistry | None = None, size: int = 0

@@ -83,8 +83,8 @@ from .shapes import (
 from .treeindex import _SHAPES, Nodes, _Inline
 from .treememo import Memo, _common_prefix, _SeqMemo
 
-__all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built", "Memo",
-           "build", "load", "text_cuts"]
+__all__ = ["BYTES", "DICT", "LIST", "MAX_DEPTH", "STR", "TUPLE", "VALUE", "Built", "Encoded",
+           "Memo", "build", "load", "text_cuts"]
 
 SPLIT_MIN = 1024  # values encoding to more bytes than this are split
 LEAF_TARGET = 256  # average leaf bytes; an item at least this big ends its leaf
@@ -376,16 +376,35 @@ class _Builder(Nodes):
 _Item = tuple[bytes | memoryview, bytes | memoryview, ObjectId | _Inline | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A state with its encoding, made by the caller (``codec.encode_nested``'s pieces, joined):
+    ``build`` splits ``data`` instead of encoding ``value`` again. ``data`` must be exactly
+    ``codec.encode(value)``'s bytes (a caller that reuses the encodings of unchanged parts
+    answers for that: the LangGraph saver's ``integrations/langgraph/encode.py``)."""
+
+    value: Any
+    data: bytes
+
+
 def build(value: Any, types: codec.TypeRegistry | None = None, memo: Memo | None = None
           ) -> Built:
     """Encode a state into nodes (SerializationError before anything is written). With a
-    ``memo``, what an earlier build of the same content hashed is reused, not hashed again."""
+    ``memo``, what an earlier build of the same content hashed is reused, not hashed again.
+    An ``Encoded`` state is split from the encoding it carries."""
+    if type(value) is Encoded:
+        return _build(value.value, value.data, types, memo)
     data: bytes | memoryview = codec.encode_view(value, types=types)
     if len(data) > REENCODE_MIN:  # msgpack's buffer (up to 2x) is not held with the leaves:
         size, data = len(data), b""  # encoded again at its size (~0.5 ms a MB), peak ~2x
         data = codec.encode_view(value, types=types, size=size)
     if len(data) <= MEMO_MAX:
         data = bytes(data)  # small enough to keep (a copy, as encode makes)
+    return _build(value, data, types, memo)
+
+
+def _build(value: Any, data: bytes | memoryview, types: codec.TypeRegistry | None,
+           memo: Memo | None) -> Built:
     if len(data) > MAX_STATE_BYTES:
         raise SerializationError(
             f"cannot store the state: it encodes to {len(data)} bytes, more than the "

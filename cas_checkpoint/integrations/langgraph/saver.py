@@ -28,6 +28,7 @@ from ...core import Core
 from ...errors import InvalidArgumentError
 from ...ops import Step, arun, run
 from ...store import CheckpointStore
+from .encode import PutEncoder
 from .keys import _key, _target
 from .registry import _register_any, saver_registry, set_hooks
 from .schemas import Learned
@@ -75,6 +76,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         self.store = store
         self._core = Core(store.backend, reg, None)
         self._core.objects.wanted = store._core.objects.wanted  # the store's compression
+        self._encoder = PutEncoder()  # the encodings of each thread's last put (encode.py)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
 
@@ -138,6 +140,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone._core = Core(self._core.backend, reg, None)
         clone._core.objects.wanted = self._core.objects.wanted
         clone._learned = Learned()  # its registry learns the graphs it is called from
+        clone._encoder = PutEncoder()  # (encodings made with its own registry)
         return clone
 
     def get_next_version(self, current: Any, channel: None) -> Any:

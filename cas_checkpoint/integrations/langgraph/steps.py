@@ -26,6 +26,7 @@ from ...model import CheckpointInfo
 from ...objects import CheckpointId, LogEntry
 from ...ops import Step
 from .cursor import EARLY, MAX_EARLY, MAX_KEY, WRITES_FROM, Cursor, lg_of
+from .encode import PutEncoder
 from .keys import _config, _key, _parse, _target
 from .meta import from_log, to_log
 
@@ -36,6 +37,7 @@ class Steps:
     """The reads and writes of CasSaver, over ``self._core``."""
 
     _core: Core
+    _encoder: PutEncoder
     conflicts: str
 
     def _all(self, name: str) -> Step[list[CheckpointInfo]]:
@@ -123,8 +125,10 @@ class Steps:
                 out[EARLY] = early
             return out
 
-        yield from self._core.save(name, dict(checkpoint), metadata=meta, parents=parents,
-                                   check=stamp)
+        state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
+        info = yield from self._core.save(name, state, metadata=meta, parents=parents,
+                                          check=stamp)
+        self._encoder.saved(thread_id, ns, state, info.id)
         return _config(thread_id, ns, checkpoint["id"])
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -232,6 +236,7 @@ class Steps:
         cursor.reach([info])
         writes = yield from self._writes(thread_id, ns, {lg}, cursor.writes({lg}), head)
         loaded = yield from self._load(name, head, [info.id])
+        self._encoder.loaded(thread_id, ns, info.id, loaded[info.id])
         return self._tuple(thread_id, ns, info, loaded[info.id], writes.get(lg, []), cursor)
 
     def _list(self, config: RunnableConfig | None, filter: dict[str, Any] | None,
