@@ -320,8 +320,6 @@ class ObjectStore:
     def __init__(self, backend: Backend, cache_bytes: int = 256 * 1024 * 1024,
                  cache_dir: str | None = None) -> None:
         self.backend = backend
-        self.cache = PackCache(cache_bytes)
-        self._cache = self.cache.packs  # (the packs by id, least recently used first)
         self._lock = threading.Lock()
         self.cache_dir = cache_dir
         self.hits = 0
@@ -337,6 +335,9 @@ class ObjectStore:
         # encrypted store (a store object without the key must not read what another opened)
         self.shared: Shared | None = backend.shared if self.keyring is None else None
         self._settling = False  # a step is reading the settings now (see settle)
+        self.cache = PackCache(cache_bytes, None if self.shared is None else
+                               self.shared.drop_packs)  # (memory://: the shared ones too)
+        self._cache = self.cache.packs  # (the packs by id, least recently used first)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .heads import Head
@@ -38,7 +38,9 @@ def held(pack: Pack) -> int:
 class PackCache:
     """Packs by id, least recently used first, at most ``limit`` bytes (see the module)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_release: Callable[[list[str]], None] | None = None
+                 ) -> None:
+        self.on_release = on_release  # told the packs no tracked thread names any more
         self.packs: OrderedDict[str, Pack] = OrderedDict()
         self.bytes = 0
         self.limit = limit
@@ -80,22 +82,25 @@ class PackCache:
         no longer among the ``OWNED_THREADS`` used last, are let go of unless another tracked
         thread names them."""
         thread, pids = head.thread_id, frozenset(p.id for p in head.packs)
+        gone: list[str] = []
         with self.lock:
             old = self._owners.pop(thread, frozenset())
             self._owners[thread] = pids
             if old != pids:
-                self._release(old - pids)
+                self._release(old - pids, gone)
                 self._add(pids - old)
             while len(self._owners) > OWNED_THREADS:
-                self._release(self._owners.popitem(last=False)[1])
+                self._release(self._owners.popitem(last=False)[1], gone)
+        if gone and self.on_release is not None:
+            self.on_release(gone)
 
     def _add(self, pids: Iterable[str]) -> None:
         uses = self._uses
         for pid in pids:
             uses[pid] = uses.get(pid, 0) + 1
 
-    def _release(self, pids: Iterable[str]) -> None:
-        uses, gone = self._uses, []
+    def _release(self, pids: Iterable[str], gone: list[str]) -> None:
+        uses, start = self._uses, len(gone)
         for pid in pids:
             n = uses.get(pid, 0) - 1
             if n > 0:
@@ -103,4 +108,4 @@ class PackCache:
             else:
                 uses.pop(pid, None)
                 gone.append(pid)
-        self._drop(gone)
+        self._drop(gone[start:])

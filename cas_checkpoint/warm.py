@@ -193,6 +193,8 @@ class Remembered:
         data = self._states.pop(root, None)
         if data is not None:
             self._states_bytes -= len(data)
+        if self.shared is not None:  # (nor kept for the other store objects of memory://)
+            self.shared.drop_state(root)
 
     def held(self) -> int:
         """Bytes of state encodings kept now."""
