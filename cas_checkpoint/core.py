@@ -5,6 +5,7 @@ State kept per store object (all of it content-addressed or checked, so never st
 that matters): the packs read (``ObjectStore``'s cache), the last ref seen per thread, and
 ``warm.py``'s memories: recent encodings of states, the newest head and record per thread (warm
 loads), which objects that thread's lineage is known to hold (so a save writes only what is new).
+Each follows the threads in use, not their history (``packcache.py``, ``warm.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
-CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
+CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (packcache.py)
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
