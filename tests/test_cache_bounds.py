@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore, codec, shared, tree, warm
+from cas_checkpoint.objects import ObjectId
 
 
 def _held(store: CheckpointStore) -> dict[str, int]:
@@ -114,3 +115,38 @@ def test_memory_stores_shared_caches_let_go_of_what_their_threads_no_longer_need
     assert held(shared.PACKS) <= 12 * current + 64 * 8_000, (held(shared.PACKS), current)
     assert held(shared.STATES) <= 3 * state + 64 * 20_000, (held(shared.STATES), state)
     assert CheckpointStore.open(store.url).load("main").state["messages"] == messages
+
+
+def test_the_pack_cache_keeps_the_packs_of_the_newest_heads_of_the_threads_used_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PackCache.own``: a pack leaves the cache when no tracked thread's newest head names
+    it any more (a merge replaced it; its thread fell out of the ``OWNED_THREADS`` used last);
+    one that another tracked thread still names (a fork's) stays; one no thread was ever
+    known to name (read by gc or verify) stays under the byte bound only."""
+    from cas_checkpoint import packcache
+    from cas_checkpoint.heads import Head, PackRef
+    from cas_checkpoint.objstore import Pack
+    from cas_checkpoint.packfile import PackIndex
+
+    monkeypatch.setattr(packcache, "OWNED_THREADS", 3)
+    released: list[str] = []
+    cache = packcache.PackCache(1 << 30, released.extend)
+
+    def pack(pid: str) -> PackRef:
+        cache.remember(Pack(ObjectId(pid), 100, memoryview(b"x" * 100), PackIndex()))
+        return PackRef(ObjectId(pid), 0, 100, 1)
+
+    def head(thread: str, *packs: PackRef) -> Head:
+        return Head(thread, None, packs=packs)
+
+    a, b, loose = pack("a" * 64), pack("b" * 64), pack("f" * 64)
+    cache.own(head("t", a, b))
+    cache.own(head("fork", a))
+    merged = pack("d" * 64)
+    cache.own(head("t", merged))  # a and b merged into d: b goes, a stays (the fork's)
+    assert set(cache.packs) == {a.id, merged.id, loose.id} and released == [b.id]
+    c = pack("c" * 64)
+    cache.own(head("u", c))
+    cache.own(head("v"))  # four threads: the least recently used ("fork") is let go of
+    assert set(cache.packs) == {merged.id, c.id, loose.id}
+    assert cache.bytes == 300
