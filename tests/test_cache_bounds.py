@@ -150,3 +150,16 @@ def test_the_pack_cache_keeps_the_packs_of_the_newest_heads_of_the_threads_used_
     cache.own(head("v"))  # four threads: the least recently used ("fork") is let go of
     assert set(cache.packs) == {merged.id, c.id, loose.id}
     assert cache.bytes == 300
+
+
+def test_threads_a_store_object_no_longer_uses_are_forgotten_after_1024() -> None:
+    """An agent whose every turn makes a new namespace (a new thread) leaves one head a turn
+    behind (its log's tail, the metadata of its entries: ~19 KB a thread in bench_agent_app):
+    a store object remembers the heads of the 1,024 threads used last, not 4,096."""
+    store = CheckpointStore.open(f"memory://threads-kept-{uuid.uuid4().hex}")
+    for t in range(1100):
+        store.save(f"ns-{t}", {"turn": t})
+    core: Any = store._core
+    assert len(core._known) <= 1024 and len(core._warm._newest) <= 1024
+    assert "ns-1099" in core._known and "ns-0" not in core._known
+    assert store.load("ns-0").state == {"turn": 0}  # (forgotten: read again)
