@@ -94,11 +94,11 @@ class Known:
 
 class Threads:
     """Per thread, the ref a store object last wrote or loaded (``refs``) and what its
-    lineage is known to hold (``have``), for at most ``THREADS_KEPT`` threads (``KNOWN_THREADS``
-    for ``have``), the least
-    recently used forgotten first; only the newest ``VIEWS_KEPT`` keep their loaded view, the
-    others are ``shed``. Forgetting costs a later save of that thread reading its ref, or
-    writing its state's objects again (merges keep one copy), never correctness."""
+    lineage is known to hold (``have``), for at most ``THREADS_KEPT`` threads (``have``:
+    ``KNOWN_THREADS``), the least recently used forgotten first; only the newest ``VIEWS_KEPT``
+    keep their loaded view, the others are ``shed``. Forgetting costs a later save of that
+    thread reading its ref, or writing its state's objects again (merges keep one copy), never
+    correctness."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
