@@ -5,6 +5,7 @@ State kept per store object (all of it content-addressed or checked, so never st
 that matters): the packs read (``ObjectStore``'s cache), the last ref seen per thread, and
 ``warm.py``'s memories: recent encodings of states, the newest head and record per thread (warm
 loads), which objects that thread's lineage is known to hold (so a save writes only what is new).
+Each follows the threads in use, not their history (``packcache.py``, ``warm.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
-CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object (LRU)
+CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (packcache.py)
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
@@ -160,12 +161,12 @@ class Core(Upkeep):
                                           current=current, done=holds)
         entry: LogEntry = saved["entry"]
         if encoded is not None:
-            self._warm.state(root, encoded, nodes)
+            self._warm.state(thread_id, root, encoded, nodes)
         if ref is not None and ref.head.head == entry.id:  # (not one that held it already)
             self._warm.newest(thread_id, ref.head, saved["record"])
         if ref is not None and ref.head.lineage == saved["lineage"]:
             have = saved["skip"] or Known(saved["lineage"])
-            have.ids.update(saved["new"])  # every node not known before; the rest already were
+            have.add(nodes, saved["new"])  # the state's nodes, and all it wrote
             self._threads.remember(thread_id, ref, have)
         log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
                   (time.perf_counter() - t0) * 1000)
@@ -338,7 +339,8 @@ class Core(Upkeep):
         state = tree.load(record.root, view.fetch(record.root, record.root_node), self.types,
                           max_bytes=2 * record.size + (1 << 20))
         if newest:
-            self._warm.loaded(record.root, record.size, state, self.types)
+            self._warm.loaded(view.head.thread_id, record.root, record.size, state,
+                              self.types)
         return model.checkpoint_of(cid, thread_id, record, state)
 
     def history(self, thread_id: str, *, limit: int | None = None,

@@ -24,6 +24,7 @@ from .errors import CasError, FormatError, IntegrityError, InvalidArgumentError,
 from .heads import Head
 from .objects import ObjectId, Record, decode_node, inline_id, object_id, object_ids
 from .ops import GetMany, PutMany, Sleep, Step
+from .packcache import PackCache
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
 
@@ -31,6 +32,7 @@ _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
+VIEWS_KEPT = 64  # threads whose newest view is kept (for the next read of the same head)
 
 
 def pack_key(pid: str) -> str:
@@ -59,12 +61,6 @@ class NeedPacks(Exception):
 
 class PrefixMismatch(Exception):
     """Internal: a pack holds an object of the wanted id's prefix, not of the wanted id."""
-
-
-def _held(pack: Pack) -> int:
-    """The bytes a cached pack holds in memory: its plain body (a compressed pack's is bigger
-    than the stored pack, by its compression ratio), or the stored bytes."""
-    return max(pack.size, pack.data.nbytes)
 
 
 @dataclass(slots=True)
@@ -324,14 +320,11 @@ class ObjectStore:
     def __init__(self, backend: Backend, cache_bytes: int = 256 * 1024 * 1024,
                  cache_dir: str | None = None) -> None:
         self.backend = backend
-        self._cache: OrderedDict[str, Pack] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
         self._lock = threading.Lock()
         self.cache_dir = cache_dir
         self.hits = 0
         self.misses = 0
-        self._views: OrderedDict[int, View] = OrderedDict()  # by head object (identity)
+        self._views: OrderedDict[str, View] = OrderedDict()  # by thread (its head's identity)
         self.wanted: marker.Settings | None = None  # what the opener asked for (None: any)
         self.settings: marker.Settings | None = None  # the store's, once read (first write)
         self.compressor: Zstd | None = None  # by the settings (None until they are read)
@@ -342,6 +335,9 @@ class ObjectStore:
         # encrypted store (a store object without the key must not read what another opened)
         self.shared: Shared | None = backend.shared if self.keyring is None else None
         self._settling = False  # a step is reading the settings now (see settle)
+        self.cache = PackCache(cache_bytes, None if self.shared is None else
+                               self.shared.drop_packs)  # (memory://: the shared ones too)
+        self._cache = self.cache.packs  # (the packs by id, least recently used first)
         if cache_dir is not None:
             os.makedirs(cache_dir, exist_ok=True)
 
@@ -409,33 +405,24 @@ class ObjectStore:
             self.sealed_by[pid] = bytes(data[6:14]).hex()
         return pack
 
-    # --- cache ---
+    # --- cache (packcache.py) ---
 
     def _remember(self, pack: Pack) -> None:
-        with self._lock:
-            if pack.id in self._cache:
-                self._cache.move_to_end(pack.id)
-                return
-            self._cache[pack.id] = pack
-            self._cache_bytes += _held(pack)
-            while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= _held(old)
+        self.cache.remember(pack)
 
     def _cached(self, pid: str) -> Pack | None:
-        with self._lock:
-            pack = self._cache.get(pid)
-            if pack is not None:
-                self._cache.move_to_end(pid)
+        pack = self.cache.get(pid)
+        if pack is not None:
+            with self._lock:
                 self.hits += 1
-            return pack
+        return pack
 
     def forget(self, pids: Iterable[str]) -> None:
-        with self._lock:
-            for pid in pids:
-                pack = self._cache.pop(pid, None)
-                if pack is not None:
-                    self._cache_bytes -= _held(pack)
+        self.cache.forget(pids)
+
+    def held(self) -> int:
+        """Bytes the pack cache holds now (each pack at its plain size)."""
+        return self.cache.bytes
 
     def _disk_path(self, pid: str) -> str:
         assert self.cache_dir is not None
@@ -582,15 +569,17 @@ class ObjectStore:
         pack that is missing or damaged does not stop it: the view reads the others, and
         raises that pack's error for an object it cannot find in them (``View``)."""
         with self._lock:
-            last = self._views.get(id(head))
+            last = self._views.get(head.thread_id)
         if last is not None and last.head is head:
             return last
         unreadable: dict[str, CasError] = {}
         got = (yield from self.packs([p.id for p in head.packs], unreadable)
                ) if head.packs else {}
         view = View(head, [got[p.id] for p in head.packs if p.id in got], self, unreadable)
-        with self._lock:
-            self._views[id(head)] = view
-            while len(self._views) > 64:
+        with self._lock:  # one per thread, its newest: an older head's view would keep the
+            self._views[head.thread_id] = view  # packs a merge replaced since alive
+            self._views.move_to_end(head.thread_id)
+            while len(self._views) > VIEWS_KEPT:
                 self._views.popitem(last=False)
+        self.cache.own(head)
         return view

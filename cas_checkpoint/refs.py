@@ -473,6 +473,7 @@ class RefStore:
                 if len(self._decoded) > 1024:
                     self._decoded.clear()
                 self._decoded[key] = (data, new_head)  # a read of what we wrote: not decoded
+                self.objects.cache.own(new_head)  # (what it replaced is let go of)
                 if self.objects.shared is not None:  # nor by other objects of this store
                     self.objects.shared.keep_head(key, data, new_head)
                 return Ref(new_head, version)

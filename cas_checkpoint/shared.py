@@ -67,6 +67,12 @@ class _LRU:
             while self.bytes > self.limit:
                 self.bytes -= self.items.popitem(last=False)[1][0]
 
+    def drop(self, key: Any) -> None:
+        with self.lock:
+            old = self.items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[0]
+
     def clear(self) -> None:
         with self.lock:
             self.items.clear()
@@ -97,6 +103,11 @@ class Shared:
         plain = getattr(pack.data, "obj", None) is data  # else decompressed (or opened) too
         PACKS.put((self.scope, pid), (data, pack), len(data) + (0 if plain else len(pack.data)))
 
+    def drop_packs(self, pids: list[str]) -> None:
+        """Let go of these packs (no thread in use names them any more: ``packcache.py``)."""
+        for pid in pids:
+            PACKS.drop((self.scope, pid))
+
     def head(self, key: str, data: bytes) -> Any:
         got = HEADS.get((self.scope, key))
         if got is None or got[0] != data:
@@ -114,6 +125,10 @@ class Shared:
 
     def keep_state(self, root: str, data: bytes, nodes: frozenset[str]) -> None:
         STATES.put((self.scope, root), (data, nodes), len(data) + 80 * len(nodes))
+
+    def drop_state(self, root: str) -> None:
+        """Let go of a state that is no longer among its thread's newest (``warm.py``)."""
+        STATES.drop((self.scope, root))
 
 
 _SCOPES: weakref.WeakKeyDictionary[Any, dict[str, Shared]] = weakref.WeakKeyDictionary()

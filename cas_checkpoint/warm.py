@@ -18,8 +18,8 @@ objects it was checked against, so nothing here can go stale:
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import codec
@@ -31,26 +31,50 @@ from .refs import Ref
 from .shared import Shared
 
 STATE_CACHE_BYTES = 64 * 1024 * 1024  # encodings of recently saved states, for warm loads
-THREADS_KEPT = 4096  # threads whose newest head and record are remembered
+THREAD_STATES = 64  # a thread's newest states whose encodings are kept, at most (see state)
+STATE_THREADS = 64  # threads whose newest states are kept (the threads used last)
+THREAD_SLACK = 64 * 1024  # bytes of small states a thread keeps beyond two of its biggest
+THREADS_KEPT = 1024  # threads whose newest head and record (and last ref) are remembered
+KNOWN_IDS = 8192  # ids a thread's Known holds before they become its older generation
+KNOWN_THREADS = 256  # threads whose Known is kept (each holds about its state's node ids)
 VIEWS_KEPT = 64  # threads whose loaded view (its packs' bytes) a ``Known`` keeps (see shed)
 
 
 class Known:
     """Ids of the objects this process saw in a head of one lineage (so a save may skip writing
     them): those of a view it loaded (those the load hashed, and each other one a save asks
-    about, hashed then), plus the ones it saved since."""
+    about, hashed then), plus the nodes of each state it saved since and what it wrote.
 
-    __slots__ = ("ids", "lineage", "view")
+    Bounded by what a save asks about, not by the thread's length: past ``KNOWN_IDS`` ids
+    the set becomes ``older`` and a new one starts (``add``); each save adds every node of
+    its state, so the nodes of the newest states stay known, and only ids no save asked
+    about for two generations are forgotten (a save that meets one again writes it again,
+    never less than it must)."""
+
+    __slots__ = ("ids", "lineage", "older", "view")
 
     def __init__(self, lineage: bytes, view: View | None = None) -> None:
         self.lineage, self.view, self.ids = lineage, view, set[str]()
+        self.older: set[str] = set()
 
     def missing(self, nodes: dict[ObjectId, bytes]) -> dict[ObjectId, bytes]:
         rest = nodes.keys() - self.ids  # (a save's nodes are mostly known: a small set)
+        older = self.older
+        if rest and older:
+            rest = rest - older
         view = self.view  # (``shed`` may drop it meanwhile, from another thread)
         if rest and view is not None:
             rest = view.lacks(rest)
         return {k: nodes[k] for k in rest}
+
+    def add(self, *groups: Iterable[str]) -> None:
+        """These ids are held by the lineage's head now (a save's: its state's nodes, and what
+        it wrote)."""
+        ids = self.ids
+        for group in groups:
+            ids.update(group)
+        if len(ids) > KNOWN_IDS:  # (new sets: a save reading the old ones is not disturbed)
+            self.older, self.ids = ids, set()
 
     def shed(self) -> None:
         """Let go of the view (the bytes of the thread's packs), keeping as known the ids
@@ -70,10 +94,11 @@ class Known:
 
 class Threads:
     """Per thread, the ref a store object last wrote or loaded (``refs``) and what its
-    lineage is known to hold (``have``), for at most ``THREADS_KEPT`` threads, the least
-    recently used forgotten first; only the newest ``VIEWS_KEPT`` keep their loaded view, the
-    others are ``shed``. Forgetting costs a later save of that thread reading its ref, or
-    writing its state's objects again (merges keep one copy), never correctness."""
+    lineage is known to hold (``have``), for at most ``THREADS_KEPT`` threads (``have``:
+    ``KNOWN_THREADS``), the least recently used forgotten first; only the newest ``VIEWS_KEPT``
+    keep their loaded view, the others are ``shed``. Forgetting costs a later save of that
+    thread reading its ref, or writing its state's objects again (merges keep one copy), never
+    correctness."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -94,7 +119,7 @@ class Threads:
                 self._viewed.pop(thread_id, None)
             while len(self.refs) > THREADS_KEPT:
                 self.refs.popitem(last=False)
-            while len(self.have) > THREADS_KEPT:
+            while len(self.have) > min(KNOWN_THREADS, THREADS_KEPT):
                 self._viewed.pop(self.have.popitem(last=False)[0], None)
             while len(self._viewed) > VIEWS_KEPT:
                 self._viewed.popitem(last=False)[1].shed()
@@ -115,13 +140,22 @@ class Remembered:
         self._lock = threading.Lock()
         self._states: OrderedDict[str, bytes] = OrderedDict()
         self._states_bytes = 0
+        self._recent: OrderedDict[str, deque[tuple[str, int]]] = OrderedDict()  # per thread,
+        self._uses: dict[str, int] = {}  # its newest states (root, bytes); threads using a root
         self._newest: dict[str, tuple[Head, Record]] = {}
 
-    def state(self, root: str, data: bytes, nodes: Mapping[ObjectId, bytes] | None = None
-              ) -> None:
-        """Keep a state's encoding by its root id, so a later load of it decodes it in one
-        pass; with ``nodes`` (a save's: every node of the state), for the other store objects
-        of a memory:// store too."""
+    def state(self, thread_id: str, root: str, data: bytes,
+              nodes: Mapping[ObjectId, bytes] | None = None) -> None:
+        """Keep the encoding of a state of ``thread_id`` by its root id, so a later load of it
+        decodes it in one pass; with ``nodes`` (a save's: every node of the state), for the
+        other store objects of a memory:// store too.
+
+        What a thread's next operations read is its newest states: the newest checkpoint's
+        and what was saved after it (LangGraph: the pending writes of the next step). So a
+        thread keeps only its newest ``THREAD_STATES`` encodings, and of those, from the newest
+        back, only while they add up to at most twice the biggest of them and
+        ``THREAD_SLACK``: two big states and the small ones between them, not the last 64 MB
+        of a long thread's saves (each a whole state that grows with the thread)."""
         if len(data) > STATE_CACHE_BYTES // 4:
             return
         if nodes is not None and self.shared is not None:
@@ -131,10 +165,43 @@ class Remembered:
                 self._states_bytes += len(data)
             self._states[root] = data
             self._states.move_to_end(root)
+            recent = self._recent.pop(thread_id, None) or deque()
+            self._recent[thread_id] = recent  # (the most recently used thread last)
+            recent.append((root, len(data)))
+            self._uses[root] = self._uses.get(root, 0) + 1
+            total = biggest = 0
+            for i, (_, size) in enumerate(reversed(recent)):
+                total, biggest = total + size, max(biggest, size)
+                if i >= THREAD_STATES or total > 2 * biggest + THREAD_SLACK:
+                    for _ in range(len(recent) - i):
+                        self._release(recent.popleft()[0])
+                    break
+            while len(self._recent) > min(STATE_THREADS, THREADS_KEPT):
+                for old, _ in self._recent.popitem(last=False)[1]:
+                    self._release(old)
             while self._states_bytes > STATE_CACHE_BYTES:
                 self._states_bytes -= len(self._states.popitem(last=False)[1])
 
-    def loaded(self, root: str, size: int, state: Any, types: TypeRegistry) -> None:
+    def _release(self, root: str) -> None:
+        """One use of ``root`` by a thread's newest states is gone: drop its encoding when
+        it was the last one (under the lock)."""
+        uses = self._uses.get(root, 0) - 1
+        if uses > 0:
+            self._uses[root] = uses
+            return
+        self._uses.pop(root, None)
+        data = self._states.pop(root, None)
+        if data is not None:
+            self._states_bytes -= len(data)
+        if self.shared is not None:  # (nor kept for the other store objects of memory://)
+            self.shared.drop_state(root)
+
+    def held(self) -> int:
+        """Bytes of state encodings kept now."""
+        return self._states_bytes
+
+    def loaded(self, thread_id: str, root: str, size: int, state: Any, types: TypeRegistry
+               ) -> None:
         """Keep the encoding of a head's state just joined from verified nodes, encoded again
         (before the caller can change it), so that the next load of that head is warm. It is
         this store object's own (never shared: other store objects take only encodings a save
@@ -150,7 +217,7 @@ class Remembered:
         except Exception:  # (a registered class's to_data that fails: the load is not the
             return  # worse for it, the next one joins the state again)
         if len(data) == size:
-            self.state(root, data)
+            self.state(thread_id, root, data)
 
     def encoding(self, root: str, view: View) -> bytes | None:
         """The encoding of the state ``root`` of a checkpoint ``view`` holds: one this store
@@ -163,7 +230,7 @@ class Remembered:
             if got is not None:
                 view.check(got[1])
                 data = got[0]
-                self.state(root, data)
+                self.state(view.head.thread_id, root, data)
         return data
 
     def newest(self, thread_id: str, head: Head, record: Record) -> None:
@@ -189,3 +256,5 @@ class Remembered:
     def forget(self, thread_id: str) -> None:
         with self._lock:
             self._newest.pop(thread_id, None)
+            for root, _ in self._recent.pop(thread_id, ()):
+                self._release(root)
