@@ -45,7 +45,6 @@ def seal_pack(data: bytes, key: Key) -> bytes:
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
-PLAIN_MAX = 16 << 20  # a writer keeps the plain bytes of the packs it makes up to this size
 FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
