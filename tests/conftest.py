@@ -158,6 +158,19 @@ class _SyncView:
 _FACES: list[AsyncFace] = []
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _empty_memory_filesystem() -> Iterator[None]:
+    """Each test module's ``memory://`` stores are gone after it: the in-memory filesystem is
+    one dict for the whole process, and listing any store in it walks every key of every store
+    (fsspec's ``MemoryFileSystem.find``), so the last modules of the suite listed hundreds of
+    thousands of keys the earlier ones left (the store fuzz slowed to minutes)."""
+    yield
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    MemoryFileSystem.store.clear()
+    MemoryFileSystem.pseudo_dirs[:] = [""]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _close_async_faces() -> Iterator[None]:
     yield
