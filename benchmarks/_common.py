@@ -94,6 +94,16 @@ def message(i: int, rng: random.Random, size: int = 380) -> dict[str, Any]:
             "id": f"msg-{i:06d}"}
 
 
+def version(name: str) -> str:
+    """An installed package's version, or "-" (the benchmarks' header lines)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]

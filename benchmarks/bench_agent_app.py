@@ -74,7 +74,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -94,6 +93,7 @@ from _common import (  # noqa: E402
     strace_works,
     table,
     tree_size,
+    version,
 )
 
 SAVERS = ("sqlite-async", "sqlite", "cas-local", "cas-local-sync", "cas-memory", "cas-s3")
@@ -557,12 +557,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 
 def versions() -> str:
-    def v(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "-"
-
+    v = version
     return (f"cas_checkpoint {v('cas_checkpoint')}; langgraph {v('langgraph')}, "
             f"langgraph-checkpoint {v('langgraph-checkpoint')}, langgraph-checkpoint-sqlite "
             f"{v('langgraph-checkpoint-sqlite')}, langchain-core {v('langchain-core')}, "

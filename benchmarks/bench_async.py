@@ -73,13 +73,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import message, moto_s3, moto_s3_process, pct, table  # noqa: E402
+from _common import message, moto_s3, moto_s3_process, pct, table, version  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
 from cas_checkpoint import CheckpointStore, codec  # noqa: E402
@@ -507,12 +506,7 @@ def diagnosis(a: Result) -> None:
 
 
 def versions() -> str:
-    def v(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "-"
-
+    v = version
     return (f"cas_checkpoint {cas_checkpoint.__version__}; s3fs {v('s3fs')}, aiobotocore "
             f"{v('aiobotocore')}, botocore {v('botocore')}, moto {v('moto')}")
 

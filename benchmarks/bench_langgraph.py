@@ -69,7 +69,7 @@ from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import human, moto_s3_process, table  # noqa: E402
+from _common import human, moto_s3_process, table, version  # noqa: E402
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage  # noqa: E402
 from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
@@ -374,12 +374,7 @@ def print_delta(steps: int) -> None:
 
 
 def versions() -> str:
-    def v(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "-"
-
+    v = version
     return (f"cas_checkpoint {cas_checkpoint.__version__}; langgraph {v('langgraph')}, "
             f"langgraph-checkpoint {v('langgraph-checkpoint')}, langgraph-checkpoint-sqlite "
             f"{v('langgraph-checkpoint-sqlite')}, langchain-core {v('langchain-core')}; "

@@ -65,13 +65,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import human, message, moto_s3, table  # noqa: E402
+from _common import human, message, moto_s3, table, version  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
 from cas_checkpoint import CheckpointStore, codec  # noqa: E402
@@ -555,12 +554,7 @@ def big_section(count: int, repeat: int) -> None:
 
 
 def versions() -> str:
-    def v(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "-"
-
+    v = version
     return (f"cas_checkpoint {cas_checkpoint.__version__} (format {VERSION}); langgraph "
             f"{v('langgraph')}, langgraph-checkpoint {v('langgraph-checkpoint')}, "
             f"langgraph-checkpoint-sqlite {v('langgraph-checkpoint-sqlite')}; s3fs {v('s3fs')}, "
