@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._fmt import human_bytes as _human
+from ._fmt import plural
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: packs read and objects checked so far, of about ``total``."""
@@ -94,18 +95,21 @@ class VerifyReport:
             mode += f" (sample {self.sample:g})"
         lines = [f"verify {self.url} ({mode}"
                  + (f", thread {self.thread!r})" if self.thread is not None else ")"),
-                 f"  {self.threads} threads, {self.checkpoints} checkpoints, {self.objects} "
-                 f"objects reached in {self.by_kind.get('pack', {}).get('objects', 0)} packs; "
+                 f"  {plural(self.threads, 'thread')}, {plural(self.checkpoints, 'checkpoint')}, "
+                 f"{plural(self.objects, 'object')} reached in "
+                 f"{plural(self.by_kind.get('pack', {}).get('objects', 0), 'pack')}; "
                  f"{self.objects_hashed} hashed ({_human(self.bytes_hashed)}) in "
                  f"{self.seconds:.2f} s"]
         if self.unreachable_objects is not None:
             lines.append(f"  unreachable (garbage for gc, not an error): "
-                         f"{self.unreachable_objects} packs, {_human(self.unreachable_bytes or 0)}")
+                         f"{plural(self.unreachable_objects, 'pack')}, "
+                         f"{_human(self.unreachable_bytes or 0)}")
         lines += [f"  note: {n}" for n in self.notes]
         if self.ok:
             return "\n".join([*lines, "OK: no problems found"])
-        lines.append(f"{len(self.problems)} PROBLEMS, breaking {len(self.broken_checkpoints())} "
-                     f"checkpoints in {len(self.broken_threads())} threads:")
+        lines.append(f"{plural(len(self.problems), 'PROBLEM')}, breaking "
+                     f"{plural(len(self.broken_checkpoints()), 'checkpoint')} in "
+                     f"{plural(len(self.broken_threads()), 'thread')}:")
         for p in self.problems:
             lines.append(f"  {p.kind} {p.what} {p.path}: {p.detail}")
             if p.threads:

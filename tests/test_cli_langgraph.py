@@ -528,7 +528,7 @@ def test_stats_tells_checkpoints_and_pending_writes_apart(
     assert lgt is not None
     cps, writes = len(_lg_ids(graph)), lgt.write_count
     code, out, err = run(capsys, "stats", url)
-    assert code == 0 and f"1 threads, {cps} checkpoints and {writes} pending writes" in out, err
+    assert code == 0 and f"1 thread, {cps} checkpoints and {writes} pending writes" in out, err
     got = run_json(capsys, "stats", url)
     assert (got["checkpoints"], got["pending_writes"]) == (cps, writes)
 

@@ -449,7 +449,7 @@ def test_cli_reads_cas_key_and_key_file(tmp_path: Path) -> None:
     (tmp_path / "old.key").write_text(old._secret.hex())
     rekeyed = _cli("rekey", url, "--key-file", str(tmp_path / "new.key"), "--key-file",
                    str(tmp_path / "old.key"), env=env)
-    assert rekeyed.returncode == 0 and "rekeyed 1 threads" in rekeyed.stdout, rekeyed.stderr
+    assert rekeyed.returncode == 0 and "rekeyed 1 thread " in rekeyed.stdout, rekeyed.stderr
     log = _cli("log", url, "Zanzibar", "--key-file", str(tmp_path / "new.key"), env=env)
     assert log.returncode == 0 and log.stdout.count("\n") >= 20, log.stderr
     assert CheckpointStore.open(url, encryption=new).load("Zanzibar").state["step"] == 19

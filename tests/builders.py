@@ -1,0 +1,69 @@
+"""Builders the tests share: messages and states, a store's storage options, and the command
+line run in-process (one real subprocess is enough for the entry point: test_cli.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.cli import main
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+          "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def msg(i: int) -> dict[str, Any]:
+    """A chat message of ~200 bytes, different for every ``i``."""
+    return {"role": "user" if i % 2 else "assistant",
+            "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 8}
+
+
+def options(store: CheckpointStore) -> dict[str, Any] | None:
+    """The storage options that reach ``store``'s storage again (an S3 store's endpoint and
+    credentials; None elsewhere), to open a second store object on it."""
+    fs = getattr(store.backend, "fs", None)
+    if fs is None or not store.url.startswith("s3"):
+        return None
+    # a store opened for asyncio has an async s3fs: open the sync twin without those options
+    return {k: v for k, v in fs.storage_options.items()
+            if k not in ("asynchronous", "loop", "skip_instance_cache")}
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str] | None) -> Iterator[None]:
+    """``os.environ`` with ``env`` added (and ``None`` values removed) for the block."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update({k: v for k, v in (env or {}).items() if v is not None})
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run_cli(*argv: str, env: Mapping[str, str] | None = None, terminal: bool = False
+            ) -> tuple[int, str, str]:
+    """``cas-checkpoint ARGV`` in this process: (exit code, stdout, stderr). ``terminal``: a
+    stderr that says it is a terminal (progress bars draw on it)."""
+    out, err = io.StringIO(), (_Terminal() if terminal else io.StringIO())
+    with environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_json(*argv: str, env: Mapping[str, str] | None = None) -> Any:
+    """``cas-checkpoint ARGV --json``, which must succeed, parsed."""
+    import json
+
+    code, out, err = run_cli(*argv, "--json", env=env)
+    assert code == 0, err
+    return json.loads(out)
