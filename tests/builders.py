@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -34,11 +35,15 @@ def options(store: CheckpointStore) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def environment(env: Mapping[str, str] | None) -> Iterator[None]:
-    """``os.environ`` with ``env`` added (and ``None`` values removed) for the block."""
+def environment(env: Mapping[str, str | None] | None) -> Iterator[None]:
+    """``os.environ`` with ``env`` set for the block (a ``None`` value unsets its variable)."""
     saved = dict(os.environ)
     try:
-        os.environ.update({k: v for k, v in (env or {}).items() if v is not None})
+        for name, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         yield
     finally:
         os.environ.clear()
@@ -50,7 +55,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-def run_cli(*argv: str, env: Mapping[str, str] | None = None, terminal: bool = False
+def run_cli(*argv: str, env: Mapping[str, str | None] | None = None, terminal: bool = False
             ) -> tuple[int, str, str]:
     """``cas-checkpoint ARGV`` in this process: (exit code, stdout, stderr). ``terminal``: a
     stderr that says it is a terminal (progress bars draw on it)."""
@@ -60,7 +65,15 @@ def run_cli(*argv: str, env: Mapping[str, str] | None = None, terminal: bool = F
     return code, out.getvalue(), err.getvalue()
 
 
-def run_json(*argv: str, env: Mapping[str, str] | None = None) -> Any:
+def run_cli_proc(*argv: str, env: Mapping[str, str | None] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` answered as ``subprocess.run`` would (``returncode``, ``stdout``,
+    ``stderr``), for tests written against a process."""
+    code, out, err = run_cli(*argv, env=env)
+    return subprocess.CompletedProcess(["cas-checkpoint", *argv], code, out, err)
+
+
+def run_json(*argv: str, env: Mapping[str, str | None] | None = None) -> Any:
     """``cas-checkpoint ARGV --json``, which must succeed, parsed."""
     import json
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import run_cli_proc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -424,12 +424,12 @@ def test_encrypted_store_on_s3_hides_ids(make_store: Any, backend_kind: str) -> 
     assert _reopen(store, encryption="keyless").gc(grace=timedelta(seconds=1)).threads == 1
 
 
-ENV = {**os.environ, "COLUMNS": "200"}
+ENV = {"COLUMNS": "200"}
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    """The command line in-process, CAS_KEY set only if ``env`` has it."""
+    return run_cli_proc(*args, env={"CAS_KEY": None, **env})
 
 
 def test_cli_reads_cas_key_and_key_file(tmp_path: Path) -> None:
