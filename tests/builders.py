@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import subprocess
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,10 +18,19 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def msg(i: int) -> dict[str, Any]:
-    """A chat message of ~200 bytes, different for every ``i``."""
-    return {"role": "user" if i % 2 else "assistant",
-            "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 8}
+def msg(i: int, text: str = "lorem ipsum dolor sit amet ", times: int = 8,
+        prefix: str = "message") -> dict[str, Any]:
+    """A chat message, different for every ``i``: ``{prefix} {i}: `` and ``text`` ``times``
+    times (roles alternate)."""
+    return {"role": "user" if i % 2 else "assistant", "content": f"{prefix} {i}: " + text * times}
+
+
+def random_msg(i: int) -> dict[str, Any]:
+    """A message of 60 random five-letter runs (seeded by ``i``): text that compresses but does
+    not repeat from one message to the next."""
+    rng = random.Random(i)
+    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
+            "id": i}
 
 
 def options(store: CheckpointStore) -> dict[str, Any] | None:

@@ -11,11 +11,12 @@ import subprocess
 import sys
 import textwrap
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import run_cli_proc
+from builders import msg, run_cli_proc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,10 +41,7 @@ from cas_checkpoint.refs import thread_key
 
 SECRET_WORDS = ("refund-policy-7731", "Zanzibar", "label-k9", "meta-v42", "tag-q17")
 
-
-def _msg(i: int) -> dict[str, Any]:
-    return {"role": "user" if i % 2 else "assistant",
-            "content": f"message {i}: the refund-policy-7731 covers Zanzibar plans " * 6}
+_msg = partial(msg, text="the refund-policy-7731 covers Zanzibar plans ", times=7)
 
 
 def _grow(store: CheckpointStore, thread: str, n: int, start: int = 0) -> dict[str, Any]:
