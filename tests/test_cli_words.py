@@ -172,3 +172,13 @@ def test_long_listings_summarize_first(tmp_path: Path) -> None:
     assert out.splitlines()[0].startswith("would free")
     assert {line.split()[-1] for line in out.splitlines()
             if line.startswith("would delete pack")} == set(would["would_delete"])
+
+
+def test_report_text_names_commands(tmp_path: Path) -> None:
+    """verify's report (library text) printed by the command line names commands too."""
+    url = tmp_path / "s"
+    CheckpointStore.open(str(url)).save("t", {"a": 1})
+    (url / "refs" / "heads" / "stray!").write_bytes(b"not a ref")
+    code, out, _ = run_cli("verify", str(url))
+    assert code == 1 and "stray" in out, out
+    assert "`cas-checkpoint threads STORE` ignores it" in out and "threads()" not in out

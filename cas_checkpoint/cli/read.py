@@ -431,5 +431,5 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with bar(args, "verify") as progress:
         report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
                               thread_id=args.thread, progress=progress)
-    print(report.to_json() if args.json else report.to_text())
+    print(report.to_json() if args.json else for_cli(report.to_text()))
     return OK if report.ok else PROBLEMS

@@ -2,8 +2,8 @@
 Python argument (``force=True``, ``encryption=Key.from_env('CAS_KEY')``) or a method
 (``threads()``) is said with the flag or the command that does the same (``--force``,
 ``--key-file FILE``, ``cas-checkpoint threads STORE``). Rule: the library keeps speaking Python;
-every line the command prints from it passes through ``for_cli`` here, and nowhere else is
-its text rewritten. Pure code."""
+every error and report text the command prints from it passes through ``for_cli`` here, and
+nowhere else is its text rewritten. Pure code."""
 
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ _PHRASES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"run rekey\b", "run `cas-checkpoint rekey STORE`"),
     (r"pass types=\[[^\]]*\] when opening the store \([^)]*\)",
      "for LangGraph's and LangChain's classes pass --types langgraph"),
-    (r"pass allow_unsafe=True if only one writer ever touches each thread",
-     "use the Python API's allow_unsafe=True if only one writer ever touches each thread"),
+    (r"or pass allow_unsafe=True if only one writer ever touches each thread",
+     "or, if only one writer ever touches each thread, open the store from Python with "
+     "allow_unsafe=True (the command line always refuses such storage)"),
 )]
 
 _VALUE = r"('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[\w.]+\([^)]*\)|[\w.\-]+)?"

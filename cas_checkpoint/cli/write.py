@@ -20,6 +20,7 @@ from .common import (
     storage_options,
 )
 from .progress import bar
+from .wording import for_cli
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -186,7 +187,7 @@ def _prune_text(args: argparse.Namespace, total: PruneReport, plans: dict[str, l
     """The totals first; each thread's line and (dry run) each checkpoint only with -v."""
     verb = "would remove" if args.dry_run else "removed"
     if total.threads or not plans:
-        print(total.to_text(by_thread=False))
+        print(for_cli(total.to_text(by_thread=False)))
     if plans:
         every = list(plans.values())
         print(f"LangGraph threads: kept {plural(sum(len(p.kept) for p in every), 'checkpoint')} "
@@ -234,9 +235,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return OK
     verb = "would free" if args.dry_run else "freed"
     print(f"{verb} {human_bytes(report.deleted_bytes)}")
-    print(report.to_text())
+    print(for_cli(report.to_text()))
     if repacked is not None:
-        print(repacked.to_text())
+        print(for_cli(repacked.to_text()))
     if args.dry_run and report.deleted:
         if not args.verbose:
             print(f"(-v lists the {plural(len(report.deleted), 'pack')} that would go; "
