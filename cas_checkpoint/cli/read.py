@@ -387,12 +387,12 @@ def cmd_search(args: argparse.Namespace) -> int:
             "checkpoints_searched": r.checkpoints_searched, "nodes_read": r.nodes_read,
             "bytes_read": r.bytes_read})
         return OK
-    for m in r.matches:
-        print(f"{m.thread_id}  {m.checkpoint_id[:12]}  state{m.path}  {m.snippet}")
-    print(f"{plural(len(r.matches), 'match', 'matches')} in "
+    print(f"{plural(len(r.matches), 'match', 'matches')} in "  # the count first, then each
           f"{plural(r.checkpoints_searched, 'checkpoint')}; read "
           f"{plural(r.nodes_read, 'tree node')} "
-          f"({human_bytes(r.bytes_read)})")
+          f"({human_bytes(r.bytes_read)})" + (":" if r.matches else ""))
+    for m in r.matches:
+        print(f"{m.thread_id}  {m.checkpoint_id[:12]}  state{m.path}  {m.snippet}")
     return OK
 
 
