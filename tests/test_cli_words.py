@@ -102,6 +102,13 @@ def test_the_translation_keeps_the_library_in_python() -> None:
         == "prune needs a policy: pass --keep-last N and/or --older-than AGE"
     assert for_cli("the store at 's' was created with compression='zstd', compression_level=3"
                    ) == "the store at 's' was created with --compression zstd, --level 3"
+    # what a message quotes or names as a path is the user's: never rewritten
+    said = ("thread 'limit=3 threads()' does not exist in /tmp/grace=1/s; threads() lists "
+            "the threads there are")
+    assert for_cli(said) == ("thread 'limit=3 threads()' does not exist in /tmp/grace=1/s; "
+                             "`cas-checkpoint threads STORE` lists them")
+    assert for_cli('a "force=True" and the refs\' pack lists, thread\'s force=True') == (
+        'a "force=True" and the refs\' pack lists, thread\'s --force')
 
 
 SINGULAR_SLIPS = re.compile(r"(?<![\d.,])1 (threads|checkpoints|objects|packs|matches|changes|"

@@ -36,7 +36,8 @@ _KEY = "--key-file FILE (or CAS_KEY)"
 _PHRASES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"(?:CheckpointStore\.open\(url, )?encryption=\[new(?:_key)?, old(?:_key)?\]\)?",
      "--key-file NEW --key-file OLD"),
-    (r"\(?encryption=Key\.from_env\('CAS_KEY'\)\)?", _KEY),
+    (r"\(encryption=Key\.from_env\('CAS_KEY'\)\)", "(--key-file FILE or CAS_KEY)"),
+    (r"encryption=Key\.from_env\('CAS_KEY'\)", _KEY),
     (r"encryption='keyless'", "--keyless"),
     (r"without encryption=", "without --key-file, --keyless or CAS_KEY"),
     (r"verify\(deep=False\)", "verify without --deep"),
@@ -59,9 +60,12 @@ _PHRASES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
 )]
 
 _VALUE = r"('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[\w.]+\([^)]*\)|[\w.\-]+)?"
-_ARG = re.compile(r"(?<![\w-])(" + "|".join(FLAGS) + r")=" + _VALUE)
+_ARG = re.compile(r"(?<![\w./-])(" + "|".join(FLAGS) + r")=" + _VALUE)
 _LEAD = re.compile(r"^(" + "|".join(FLAGS) + r") (must|is|takes)\b")
-_CALL = re.compile(r"(?<![\w.`-])(" + "|".join(COMMANDS) + r")\(\)")
+_CALL = re.compile(r"(?<![\w./`-])(" + "|".join(COMMANDS) + r")\(\)")
+# What a message quotes (a thread id, a URL: ``thread 'force=True'``) is the user's, never
+# rewritten; a quoted value of an argument (``compression='zstd'``) is the library's.
+_QUOTED = re.compile(r"""((?<![=(\w])'(?:[^'\\]|\\.)*'|(?<![=(\w])"(?:[^"\\]|\\.)*")""")
 
 
 def _arg(m: re.Match[str]) -> str:
@@ -81,7 +85,13 @@ def _arg(m: re.Match[str]) -> str:
 
 
 def for_cli(text: str) -> str:
-    """``text`` with the Python API's argument and method names said as flags and commands."""
+    """``text`` with the Python API's argument and method names said as flags and commands;
+    what it quotes is left as it is."""
+    parts = _QUOTED.split(text)
+    return "".join(part if i % 2 else _said(part) for i, part in enumerate(parts))
+
+
+def _said(text: str) -> str:
     for pattern, repl in _PHRASES:
         text = pattern.sub(repl, text)
     text = _LEAD.sub(lambda m: f"{FLAGS[m.group(1)] or m.group(1)} {m.group(2)}", text)
