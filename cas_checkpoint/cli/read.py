@@ -431,5 +431,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with bar(args, "verify") as progress:
         report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
                               thread_id=args.thread, progress=progress)
-    print(report.to_json() if args.json else for_cli(report.to_text()))
+    if args.json:
+        print(report.to_json())
+        return OK if report.ok else PROBLEMS
+    text = report.to_text(limit=None if args.verbose else SHOW)
+    print(for_cli(text))
+    if text != report.to_text():
+        print("(-v lists them all; --json too)")
     return OK if report.ok else PROBLEMS
+
+
+SHOW = 10  # notes, problems and ids a problem names that verify prints before it counts
