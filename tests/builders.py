@@ -47,17 +47,20 @@ def options(store: CheckpointStore) -> dict[str, Any] | None:
 @contextlib.contextmanager
 def environment(env: Mapping[str, str | None] | None) -> Iterator[None]:
     """``os.environ`` with ``env`` set for the block (a ``None`` value unsets its variable)."""
-    saved = dict(os.environ)
+    saved = {name: os.environ.get(name) for name in env or {}}
     try:
-        for name, value in (env or {}).items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set(env or {})
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        _set(saved)  # only the variables set here: other threads may read the environment
+
+
+def _set(env: Mapping[str, str | None]) -> None:
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 class _Terminal(io.StringIO):
