@@ -12,7 +12,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def plural(n: int, word: str, many: str | None = None) -> str:
+def plural(n: int, word: str, many: str | None = None, *, fmt: str = "") -> str:
     """``plural(1, "thread")`` -> ``'1 thread'``, ``plural(2, "match", "matches")`` ->
-    ``'2 matches'``: a count with its noun in the number that agrees."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
+    ``'2 matches'``: a count with its noun in the number that agrees (``fmt=","``: 1,024)."""
+    return f"{n:{fmt}} {word if n == 1 else many or word + 's'}"

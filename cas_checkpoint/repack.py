@@ -58,7 +58,7 @@ class RepackReport:
         done = [t for t in self.threads if t.new_pack is not None]
         garbage = sum(t.bytes_before - t.bytes_after for t in self.threads)
         return (f"{verb} {len(done)} of {plural(len(self.threads), 'thread')}; their packs hold "
-                f"{garbage} bytes no checkpoint reaches ({self.freed_bytes} "
+                f"{plural(garbage, 'byte')} no checkpoint reaches ({self.freed_bytes} "
                 f"{'would be' if self.dry_run else 'now'} unnamed: "
                 "gc deletes them once older than its grace)")
 

@@ -209,3 +209,15 @@ def test_verify_lists_every_problem_only_under_v(tmp_path: Path) -> None:
     assert code == 1 and sum(line.startswith("  missing") for line in out.splitlines()) \
         == len(found)
     assert all(p["checkpoints"][-1] in out for p in found) and "-v lists" not in out
+
+
+def test_what_show_elides_is_counted_in_agreement() -> None:
+    from cas_checkpoint.cli.render import MAX_DEPTH, MAX_TEXT, render
+
+    assert render("x" * (MAX_TEXT + 1)).endswith("(1 more character)")
+    assert render("x" * (MAX_TEXT + 1234)).endswith("(1,234 more characters)")
+    assert render(b"a") == "<1 byte: 61>"
+    deep: Any = {"k": 1}
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    assert "... 1 key }" in render(deep)

@@ -297,7 +297,8 @@ def _step(info: CheckpointInfo) -> str:
 
 
 def _cut(text: str, n: int = 160) -> str:
-    return text if len(text) <= n else text[:n] + f" ... ({len(text) - n:,} more characters)"
+    return text if len(text) <= n else \
+        text[:n] + f" ... ({plural(len(text) - n, 'more character', fmt=',')})"
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
