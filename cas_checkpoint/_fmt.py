@@ -10,3 +10,9 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def plural(n: int, word: str, many: str | None = None, *, fmt: str = "") -> str:
+    """``plural(1, "thread")`` -> ``'1 thread'``, ``plural(2, "match", "matches")`` ->
+    ``'2 matches'``: a count with its noun in the number that agrees (``fmt=","``: 1,024)."""
+    return f"{n:{fmt}} {word if n == 1 else many or word + 's'}"

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ._fmt import plural
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .crypto import unwrap
 from .errors import CasError, InvalidArgumentError, StorageError
@@ -115,12 +116,13 @@ class GCReport:
     def to_text(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         return (
-            f"gc {self.url}: scanned {self.scanned_objects} objects ({_mb(self.scanned_bytes)}) "
-            f"in {self.threads} threads; kept {self.reachable_objects} reachable "
+            f"gc {self.url}: scanned {plural(self.scanned_objects, 'object')} "
+            f"({_mb(self.scanned_bytes)}) in {plural(self.threads, 'thread')}; kept "
+            f"{self.reachable_objects} reachable "
             f"({_mb(self.reachable_bytes)}) and {self.young_objects} younger than the "
             f"{self.grace_seconds:g} s grace ({_mb(self.young_bytes)}); {verb} "
             f"{self.deleted_objects} ({_mb(self.deleted_bytes)}); {self.refreshed_objects} "
-            f"reused by writers meanwhile; {verb} {self.temp_files} stale temp files; "
+            f"reused by writers meanwhile; {verb} {plural(self.temp_files, 'stale temp file')}; "
             f"{self.seconds:.2f} s; requests "
             + ", ".join(f"{k} {v}" for k, v in self.requests.items())
         )

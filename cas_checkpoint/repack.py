@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._fmt import plural
 from .errors import InvalidArgumentError, StorageError
 from .heads import Head, PackRef
 from .objects import ObjectId, Record, Segment, decode_node
@@ -56,8 +57,8 @@ class RepackReport:
         verb = "would repack" if self.dry_run else "repacked"
         done = [t for t in self.threads if t.new_pack is not None]
         garbage = sum(t.bytes_before - t.bytes_after for t in self.threads)
-        return (f"{verb} {len(done)} of {len(self.threads)} threads; their packs hold "
-                f"{garbage} bytes no checkpoint reaches ({self.freed_bytes} "
+        return (f"{verb} {len(done)} of {plural(len(self.threads), 'thread')}; their packs hold "
+                f"{plural(garbage, 'byte')} no checkpoint reaches ({self.freed_bytes} "
                 f"{'would be' if self.dry_run else 'now'} unnamed: "
                 "gc deletes them once older than its grace)")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ._fmt import plural
 from .errors import InvalidArgumentError, NotFoundError
 from .heads import Head
 from .model import check_id
@@ -56,14 +57,16 @@ class PruneReport:
                 out[rule] += n
         return out
 
-    def to_text(self) -> str:
+    def to_text(self, *, by_thread: bool = True) -> str:
+        """The total first; then, with ``by_thread``, a line per thread."""
         verb = "would remove" if self.dry_run else "removed"
-        lines = [f"{t}: kept {len(p.kept)}, {verb} {len(p.removed)}"
-                 for t, p in sorted(self.threads.items())]
         why = ", ".join(f"{n} {rule}" for rule, n in self.reasons.items() if n)
-        lines.append(f"total: kept {self.kept} ({why or 'none'}), {verb} {self.removed} "
-                     f"checkpoints in {len(self.threads)} threads (objects stay until repack "
-                     "and gc)")
+        lines = [f"total: kept {self.kept} ({why or 'none'}), {verb} {self.removed} "
+                 f"{'checkpoint' if self.removed == 1 else 'checkpoints'} in "
+                 f"{plural(len(self.threads), 'thread')} (objects stay until repack and gc)"]
+        if by_thread:
+            lines += [f"{t}: kept {len(p.kept)}, {verb} {len(p.removed)}"
+                      for t, p in sorted(self.threads.items())]
         return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._fmt import human_bytes as _human
+from ._fmt import plural
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: packs read and objects checked so far, of about ``total``."""
@@ -88,32 +89,47 @@ class VerifyReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
-    def to_text(self) -> str:
+    def to_text(self, *, limit: int | None = None) -> str:
+        """The report as lines, the counts first; with ``limit``, at most that many notes,
+        problems and checkpoint ids per problem, each list ending with how many it left out."""
         mode = "deep" if self.deep else "quick"
         if self.deep and self.sample is not None:
             mode += f" (sample {self.sample:g})"
         lines = [f"verify {self.url} ({mode}"
                  + (f", thread {self.thread!r})" if self.thread is not None else ")"),
-                 f"  {self.threads} threads, {self.checkpoints} checkpoints, {self.objects} "
-                 f"objects reached in {self.by_kind.get('pack', {}).get('objects', 0)} packs; "
+                 f"  {plural(self.threads, 'thread')}, {plural(self.checkpoints, 'checkpoint')}, "
+                 f"{plural(self.objects, 'object')} reached in "
+                 f"{plural(self.by_kind.get('pack', {}).get('objects', 0), 'pack')}; "
                  f"{self.objects_hashed} hashed ({_human(self.bytes_hashed)}) in "
                  f"{self.seconds:.2f} s"]
         if self.unreachable_objects is not None:
             lines.append(f"  unreachable (garbage for gc, not an error): "
-                         f"{self.unreachable_objects} packs, {_human(self.unreachable_bytes or 0)}")
-        lines += [f"  note: {n}" for n in self.notes]
+                         f"{plural(self.unreachable_objects, 'pack')}, "
+                         f"{_human(self.unreachable_bytes or 0)}")
+        lines += [f"  note: {n}" for n in _cut(self.notes, limit, "note")]
         if self.ok:
             return "\n".join([*lines, "OK: no problems found"])
-        lines.append(f"{len(self.problems)} PROBLEMS, breaking {len(self.broken_checkpoints())} "
-                     f"checkpoints in {len(self.broken_threads())} threads:")
-        for p in self.problems:
+        lines.append(f"{plural(len(self.problems), 'PROBLEM', 'PROBLEMS')}, breaking "
+                     f"{plural(len(self.broken_checkpoints()), 'checkpoint')} in "
+                     f"{plural(len(self.broken_threads()), 'thread')}:")
+        for p in self.problems[:limit]:
             lines.append(f"  {p.kind} {p.what} {p.path}: {p.detail}")
             if p.threads:
-                lines.append("    threads: " + ", ".join(repr(t) for t in p.threads))
+                lines.append("    threads: " + ", ".join(
+                    _cut([repr(t) for t in p.threads], limit, "thread")))
             if p.checkpoints:
                 lines.append(f"    checkpoints ({len(p.checkpoints)}): "
-                             + ", ".join(p.checkpoints))
+                             + ", ".join(_cut(list(p.checkpoints), limit, "checkpoint")))
+        if limit is not None and len(self.problems) > limit:
+            lines.append(f"  ... and {plural(len(self.problems) - limit, 'more problem')}")
         return "\n".join(lines)
+
+
+def _cut(items: list[str], limit: int | None, noun: str) -> list[str]:
+    """``items``, or its first ``limit`` and a last item saying how many more there are."""
+    if limit is None or len(items) <= limit:
+        return items
+    return [*items[:limit], f"... and {plural(len(items) - limit, 'more ' + noun)}"]
 
 
 __all__ = ["Problem", "Progress", "VerifyReport"]

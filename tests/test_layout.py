@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
-import random
 import time
 from typing import Any
 
 import pytest
+from builders import options, random_msg
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -18,18 +18,6 @@ from cas_checkpoint.heads import Head, PackRef
 from cas_checkpoint.objects import ObjectId, object_id
 from cas_checkpoint.packfile import decode_pack, encode_pack
 from cas_checkpoint.refs import thread_key
-
-
-def _msg(i: int) -> dict[str, Any]:
-    rng = random.Random(i)
-    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
-            "id": i}
-
-
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
-
 
 # --- packing.stage, pure ----------------------------------------------------------------------
 
@@ -101,7 +89,7 @@ def test_stage_reads_a_pack_only_when_it_merges_it() -> None:
 
 def test_steady_saves_write_the_ref_and_now_and_then_one_pack(store: CheckpointStore,
                                                               monkeypatch: Any) -> None:
-    state: dict[str, Any] = {"messages": [_msg(i) for i in range(50)]}
+    state: dict[str, Any] = {"messages": [random_msg(i) for i in range(50)]}
     store.save("t", state)
     writes: list[list[str]] = []
     real = store.backend.put_many
@@ -113,12 +101,12 @@ def test_steady_saves_write_the_ref_and_now_and_then_one_pack(store: CheckpointS
     monkeypatch.setattr(store.backend, "put_many", put)
     n = 60 if not store.url.startswith("s3") else 25
     for i in range(n):
-        state["messages"].append(_msg(100 + i))
+        state["messages"].append(random_msg(100 + i))
         store.save("t", state)
     assert all(len(w) <= 1 for w in writes)  # at most one pack a save (merges included)
     # a save adds ~600 bytes (a message, its record, index nodes): a pack every few saves
     assert 0 < len(writes) <= n // 4, (len(writes), n)
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     assert fresh.load("t").state == state
 
 
@@ -128,7 +116,7 @@ def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
     state: dict[str, Any] = {"messages": []}
     ids = []
     for i in range(400):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         ids.append(store.save("t", state).id)
     ref = store.refs.read("t")
     assert ref is not None and 1 < len(ref.head.packs) <= packing.MAX_PACKS
@@ -139,9 +127,9 @@ def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
 
 def test_cache_dir_serves_packs_to_a_new_store(store: CheckpointStore, tmp_path: Any,
                                                monkeypatch: Any) -> None:
-    state: dict[str, Any] = {"messages": [_msg(i) for i in range(120)]}
+    state: dict[str, Any] = {"messages": [random_msg(i) for i in range(120)]}
     store.save("t", state)
-    opts = _options(store)
+    opts = options(store)
     cache = tmp_path / "cache"
     first = CheckpointStore.open(store.url, storage_options=opts, cache_dir=cache)
     assert first.load("t").state == state
@@ -177,7 +165,7 @@ def test_a_store_of_format_2_is_refused_naming_its_version(store: CheckpointStor
     assert got is not None
     old = got[0][:4] + b"\x02" + got[0][5:]  # what cas_checkpoint 0.1 (format 2) wrote
     store.backend.write_ref(key, old, got[1])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     with pytest.raises(FormatError, match="format version 2.*older cas_checkpoint"):
         fresh.load("t")
 
@@ -190,7 +178,7 @@ def test_thread_ids_of_any_length_have_bounded_keys(store: CheckpointStore) -> N
     store.save(long_id, {"a": 1})
     store.save("short", {"b": 2})
     assert store.threads() == sorted([long_id, "short"])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     assert fresh.load(long_id).state == {"a": 1}
 
 
@@ -201,7 +189,7 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     store.refs.inline_max = 2000
     state: dict[str, Any] = {"messages": []}
     for i in range(80):
-        state["messages"] = [_msg(i * 1000 + j) for j in range(5)]  # nothing shared
+        state["messages"] = [random_msg(i * 1000 + j) for j in range(5)]  # nothing shared
         store.save("t", state, label="keep" if i == 3 else None)
     store.fork("t", store.history("t")[40].id, "f")  # the fork keeps naming the old packs
     store.prune("t", keep_last=5)
@@ -217,7 +205,7 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert only.repacked and only.bytes_after < only.bytes_before / 5
     ref = store.refs.read("t")
     assert ref is not None and len(ref.head.packs) == 1 and ref.head.lineage != lineage
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     for cid, st in kept.items():
         assert fresh.load("t", cid).state == st
     before = fresh.storage_bytes()
@@ -227,9 +215,9 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert fresh.storage_bytes() < before
     assert fresh.load("f").state["messages"][0]["id"] == 39_000  # the fork is intact
     # a store that saw the old lineage still writes every node its next save needs
-    state["messages"].append(_msg(999_999))
+    state["messages"].append(random_msg(999_999))
     store.save("t", state)
-    assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
+    assert CheckpointStore.open(store.url, storage_options=options(store)).load(
         "t").state == state
     assert store.repack("t").threads[0].repacked is False  # nothing left to free
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from builders import run_cli_proc
 
 from cas_checkpoint import CheckpointStore, IntegrityError
 from cas_checkpoint.backends import slots
@@ -210,8 +211,7 @@ def test_verify_notes_two_valid_slots(tmp_path: Path) -> None:
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *argv],
-                          capture_output=True, text=True, env={**os.environ})
+    return run_cli_proc(*argv)
 
 
 def test_an_unreadable_ref_stops_gc_naming_the_thread_and_repair_ref_is_the_way_forward(

@@ -14,6 +14,7 @@ from typing import Any
 import pydantic
 import pytest
 from _hostile import plant_lying_pack
+from builders import options
 from conftest import open_store
 from test_codec import EXAMPLES, REG, Color, Frozen, Level, Point, same
 
@@ -46,14 +47,9 @@ TYPES = [Point, Frozen, Color, Level, Inner, Outer]
 assert {Point, Frozen, Color, Level} <= set(TYPES) and REG is not None
 
 
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
-
-
 def reopen(store: CheckpointStore, **kw: Any) -> CheckpointStore:
     """A new store object on the same storage: empty caches, nothing known."""
-    return CheckpointStore.open(store.url, storage_options=_options(store), **kw)
+    return CheckpointStore.open(store.url, storage_options=options(store), **kw)
 
 
 def head_of(store: CheckpointStore, thread: str) -> Head:

@@ -4,23 +4,17 @@ never damaged, never across encrypted stores or other stores."""
 
 from __future__ import annotations
 
-import random
 import uuid
 from typing import Any
 
 import pytest
+from builders import random_msg
 
 from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
 from cas_checkpoint import objstore as objstore_mod
 from cas_checkpoint import tree as tree_mod
 from cas_checkpoint.heads import Head
 from cas_checkpoint.objstore import ObjectStore, pack_key
-
-
-def _msg(i: int) -> dict[str, Any]:
-    rng = random.Random(i)
-    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
-            "id": i}
 
 
 def _url() -> str:
@@ -31,7 +25,7 @@ def _thread(store: CheckpointStore, n: int = 60) -> tuple[dict[str, Any], list[s
     state: dict[str, Any] = {"messages": []}
     ids = []
     for i in range(n):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         ids.append(store.save("t", state).id)
     head = store.refs.read("t").head
     assert head.packs, "the thread should have packs"
@@ -133,7 +127,7 @@ def test_a_store_made_again_under_the_same_name_is_read_afresh() -> None:
     new = CheckpointStore.open(url)
     with pytest.raises(NotFoundError):
         new.load("t")
-    state = {"messages": [_msg(1000 + i) for i in range(40)]}
+    state = {"messages": [random_msg(1000 + i) for i in range(40)]}
     new.save("t", state)
     assert CheckpointStore.open(url).load("t").state == state
 
@@ -173,7 +167,7 @@ def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypat
     monkeypatch.setattr(objstore_mod, "object_id", counting)
     state: dict[str, Any] = {"messages": []}
     for i in range(80):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         store.save("t", state)
     assert len(store.refs.read("t").head.packs) > 1
     assert hashed == []  # each object's id is known from when it was packed

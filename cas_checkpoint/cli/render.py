@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._fmt import human_bytes
+from .._fmt import human_bytes, plural
 from ..extypes import TypeRegistry
 from ..model import CheckpointInfo
 from ..walk import Stored
@@ -73,11 +73,11 @@ def _scalar(value: Any, full: bool) -> str | None:
     if isinstance(value, str):
         if not full and len(value) > MAX_TEXT:
             return json.dumps(value[:MAX_TEXT], ensure_ascii=False) + \
-                f" ... ({len(value) - MAX_TEXT:,} more characters)"
+                f" ... ({plural(len(value) - MAX_TEXT, 'more character', fmt=',')})"
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (bytes, bytearray)):
         head = bytes(value[:32]).hex()
-        return f"<{len(value):,} bytes: {head}{'...' if len(value) > 32 else ''}>"
+        return f"<{plural(len(value), 'byte', fmt=',')}: {head}{'...' if len(value) > 32 else ''}>"
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         return None
     return repr(value) if full else _short(repr(value), MAX_TEXT)
@@ -101,7 +101,8 @@ def _render(value: Any, depth: int, out: list[str], full: bool, pad: str) -> Non
         out.append(opening + closing)
         return
     if depth >= MAX_DEPTH:
-        out.append(f"{opening} ... {len(items):,} {'keys' if is_map else 'items'} {closing}")
+        out.append(f"{opening} ... {plural(len(items), 'key' if is_map else 'item', fmt=',')} "
+                   f"{closing}")
         return
     shown: list[tuple[int, Any]] = list(enumerate(items))
     cut = 0

@@ -8,6 +8,7 @@ import argparse
 import os
 from collections.abc import Callable
 
+from .._fmt import plural
 from ..backends import LocalBackend, slots
 from ..crypto import SealedBackend, unwrap
 from ..refs import HEADS, thread_key
@@ -22,7 +23,7 @@ def _slots(backend: LocalBackend, key: str) -> str:
         raise CliError(f"{key} does not exist in {backend.root}; check THREAD (or give the "
                        "ref's key as refs/heads/...)") from None
     if not slots.is_slotted(data):
-        return f"a ref in one piece of {len(data)} bytes"
+        return f"a ref in one piece of {plural(len(data), 'byte')}"
     try:
         return slots.read(data).describe()
     except ValueError as exc:
