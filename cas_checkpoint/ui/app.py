@@ -46,7 +46,9 @@ SECURITY_HEADERS = {
     "img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; "
     "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin: the browser names this server as the Origin of its own forms' posts (with
+    # no-referrer it sends "null", which verify_start refuses like any other site's)
+    "Referrer-Policy": "same-origin",
 }
 
 
@@ -254,6 +256,7 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
     async def verify_start(request: Request) -> Response:
         origin = request.headers.get("origin")
         if origin is not None and origin.split("://", 1)[-1] != request.headers.get("host"):
+            # another site's page (or a sandboxed one: "null") posting to this server
             return page("error.html", 403, error="a verify is started from this server's own "
                         "page only")
         form = await request.form()
@@ -298,5 +301,6 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
         Route("/verify", verify_page, methods=["GET"]),
         Route("/verify", verify_start, methods=["POST"]),
         Route("/verify/{job}", verify_job),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", static, name="static"),
     ], middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
