@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,10 +140,15 @@ def tree(value: Any, steps: Sequence[int] = (), *, types: TypeRegistry | None = 
     state costs no C stack."""
     root = Node(key="state" if not steps else "", kind="")
     left = [budget]
-    queue: list[tuple[Node, Any, list[int], int, bool]] = [(root, value, list(steps), offset,
-                                                            True)]
+    queue: deque[tuple[Node, Any, list[int], int, bool]] = deque([(root, value, list(steps),
+                                                                   offset, True)])
     while queue:
-        node, val, path, start, top = queue.pop(0)
+        node, val, path, start, top = queue.popleft()
+        if not top and type(val) in (list, tuple, dict) and len(val) > EAGER_ITEMS:
+            node.kind = "dict" if type(val) is dict else type(val).__name__
+            node.summary = f"{len(val):,} {'keys' if type(val) is dict else 'items'}"
+            node.path = _join(path)  # closed: its items are not even listed
+            continue
         got = _items(val, types)
         if got is None:
             node.kind, node.text, node.cut = scalar_text(val, MAX_TEXT if full_text and top
@@ -152,8 +158,9 @@ def tree(value: Any, steps: Sequence[int] = (), *, types: TypeRegistry | None = 
             continue
         kind, items = got
         node.kind = kind
-        node.summary = (f"{len(items):,} item" if kind not in ("dict",) and not kind[:1].isupper()
-                        else f"{len(items):,} key") + ("s" if len(items) != 1 else "")
+        keyed = kind == "dict" or kind[:1].isupper()  # a dict, or a stored object's fields
+        node.summary = f"{len(items):,} {'key' if keyed else 'item'}" + (
+            "s" if len(items) != 1 else "")
         if not items:
             continue
         if not top and (len(items) > EAGER_ITEMS or left[0] <= 0):
