@@ -125,6 +125,8 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
     localhost (a page of another site that resolves its name to this machine is refused)."""
     viewer = Viewer(store)
     env = _env()
+    for name in env.list_templates():  # compiled at start, not on the first page of each kind
+        env.get_template(name)
 
     def page(template: str, code: int = 200, /, **context: Any) -> HTMLResponse:
         html = env.get_template(template).render(url=store.url, **context)
