@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import time
 from collections import Counter
@@ -174,10 +175,12 @@ def test_everything_from_a_state_is_escaped() -> None:
     c = client(store)
     pages = [c.get("/").text, c.get("/thread", params={"id": bad}).text,
              c.get("/checkpoint", params={"thread": bad, "id": first.id}).text,
-             c.get("/node", params={"thread": bad, "id": first.id, "path": "0"}).text,
-             c.get("/node", params={"thread": bad, "id": first.id, "path": "1"}).text,
+             c.get("/node", params={"thread": bad, "id": first.id, "path": '["messages"]'}).text,
+             c.get("/node", params={"thread": bad, "id": first.id,
+                                    "path": json.dumps([bad])}).text,
              c.get("/diff", params={"a": first.id, "b": info.id}).text,
              c.get("/search", params={"q": "onerror"}).text]
+    assert all("Cannot show this" not in html for html in pages)
     for html in pages:
         for text in HOSTILE:
             assert text not in html
@@ -247,28 +250,40 @@ def test_verify_names_a_damaged_pack_and_its_threads(tmp_path: Path) -> None:
 
 
 def test_large_states_open_a_part_at_a_time() -> None:
+    """A 10,000-message state: the page reads its root node and the leaves of its last 50
+    messages; the list opens 100 items at a time; message 9,999 alone reads a handful of
+    nodes."""
     store = CheckpointStore.open("memory://ui-big", create=True)
     info = store.save("t", {"messages": conversation(10_000), "blob": "y" * 50_000})
     c = client(store)
     html = c.get(f"/checkpoint?thread=t&id={info.id}").text
     assert html.count('class="msg ') == uiview.MESSAGES_SHOWN  # the last 50 messages
     assert "#9999" in html and "#9949" not in html and "« earlier messages" in html
-    assert "question 9998" in html
+    assert "question 9998" in html and "Messages <small>10000" in html
     assert len(html) < 200_000  # the 10,000 items are not all drawn
-    # the messages list is closed; opening it draws its first PAGE_ITEMS items and a "more"
-    frag = c.get(f"/node?thread=t&id={info.id}&path=0").text
+    assert "its root node read (1 node)" in html
+
+    def node(path: list[Any], **params: Any) -> str:
+        r = c.get("/node", params={"thread": "t", "id": info.id, "path": json.dumps(path),
+                                   **params})
+        assert r.status_code == 200, r.text
+        return r.text
+
+    frag = node(["messages"])  # the first 100 items and a "more"
     assert '<span class="key">99</span>' in frag and '<span class="key">100</span>' not in frag
     assert "9900 more" in frag
-    last = c.get(f"/node?thread=t&id={info.id}&path=0.9999").text
+    last = node(["messages", 9999])
     assert "answer 9999" in last and "lookup" in last
-    more = c.get(f"/node?thread=t&id={info.id}&path=0&offset=9900").text
+    more = node(["messages"], offset=9900)
     assert '<span class="key">9999</span>' in more and '<span class="key">9899</span>' not in more
     assert "more…" not in more
-    assert "50000 more characters" not in html and "48000 more characters" in html
-    full = c.get(f"/node?thread=t&id={info.id}&path=1&full=1").text
+    assert "48,000 more characters" not in html  # the blob is stored apart: closed
+    assert "50,000 characters" in html
+    full = node(["blob"], full="1")
     assert "y" * 50_000 in full
     earlier = c.get(f"/checkpoint?thread=t&id={info.id}&before=100").text
     assert "#50" in earlier and "#99" in earlier and "#100<" not in earlier
+    assert store.read_part("t", None, ["messages", 9999]).nodes_read <= 6
 
 
 def test_merges_draw_a_second_lane(tmp_path: Path) -> None:
@@ -335,7 +350,7 @@ def test_s3_store_pages(moto_server: dict[str, Any]) -> None:
 def test_requests_a_page_makes_on_storage(kind: str, request: pytest.FixtureRequest) -> None:
     """What each page asks of the storage, on a fresh server: a thread's history page and a
     checkpoint page a handful of requests whatever the history holds (300 checkpoints here);
-    the threads table two ref reads a row; opening parts of a state nothing more."""
+    the threads table two ref reads a row; opening a part of a state one ref read."""
     if kind == "s3":
         server = request.getfixturevalue("moto_server")
         store = CheckpointStore.open(f"s3://{server['bucket']}/ui-count", create=True,
@@ -353,7 +368,7 @@ def test_requests_a_page_makes_on_storage(kind: str, request: pytest.FixtureRequ
     for name, url in (("threads", "/"), ("history", "/thread?id=long&n=50"),
                       ("older", f"/thread?id=long&n=50&before={head}"),
                       ("checkpoint", f"/checkpoint?thread=long&id={head}"),
-                      ("open parts", f"/node?thread=long&id={head}&path=2"),
+                      ("open parts", f"/node?thread=long&id={head}&path=%5B%22big%22%5D"),
                       ("diff", f"/diff?a={store.history('long')[1].id}&b={head}")):
         counting.calls.clear()
         assert c.get(url).status_code == 200
@@ -363,8 +378,10 @@ def test_requests_a_page_makes_on_storage(kind: str, request: pytest.FixtureRequ
     # the thread's own ref (history, count, head: 3), then each other thread's (fork links: 4)
     assert got["history"].get("read_ref", 0) == 7 and got["history"].get("list", 0) <= 1, got
     assert got["history"].get("get", 0) <= 4, got
-    assert got["checkpoint"].get("get", 0) <= 4 and "list" not in got["checkpoint"], got
-    assert got["open parts"] == {}, got  # the state is in memory
+    # its ref read by each read_part: the root, then the last 50 messages (the packs are
+    # the store object's already)
+    assert got["checkpoint"] == {"read_ref": 2}, got
+    assert got["open parts"] == {"read_ref": 1}, got
     assert sum(got["diff"].values()) <= 12, got
 
 

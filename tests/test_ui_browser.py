@@ -121,7 +121,8 @@ def test_browse_a_store(browser: Any, serve: Any, tmp_path: Path) -> None:
     assert page.locator("main script").count() == 0
     assert page.locator("main svg[onload]").count() == 0
     shot(page, "checkpoint")
-    closed = page.locator("section.state details[data-src]").first  # "big": 300 items
+    closed = page.locator("section.state details[data-src]", has=page.locator(
+        "summary .key", has_text=re.compile(r"^big$"))).first  # 300 items
     closed.locator("summary").click()
     closed.locator(".kids .leaf").first.wait_for()
     assert closed.locator(".kids > .leaf").count() == 100

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,7 +25,15 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import CasError, CheckpointId, CheckpointInfo, CheckpointStore, NotFoundError, VerifyReport
+from .. import (
+    CasError,
+    CheckpointId,
+    CheckpointStore,
+    InvalidArgumentError,
+    NotFoundError,
+    StatePart,
+    VerifyReport,
+)
 from .._fmt import human_bytes
 from . import view
 from .graph import layout
@@ -37,7 +44,6 @@ PAGE_THREADS = 50  # rows of the threads table
 SCAN_THREADS = 2000  # heads read at most for one page of a filtered table
 PAGE_CHECKPOINTS = 200  # checkpoints of a history page
 FORK_SCAN = 100  # forks are looked for when the store has at most this many threads
-STATES_KEPT = 4  # loaded states kept for expanding their parts
 THREADS_TTL = 5.0  # seconds the list of threads is reused
 CHANGES_SHOWN = 2000
 SEARCH_LIMIT = 100
@@ -63,15 +69,14 @@ class VerifyJob:
 
 
 class Viewer:
-    """The store and what the pages remember: the list of threads for a few seconds, the last
-    few states loaded (so expanding a part of one reads nothing again), verify runs. Calls to
-    the store take turns (one lock): a store object is not shared between threads."""
+    """The store and what the pages remember: the list of threads for a few seconds, verify
+    runs. Calls to the store take turns (one lock): a store object is not shared between
+    threads."""
 
     def __init__(self, store: CheckpointStore) -> None:
         self.store = store
         self.lock = threading.Lock()
         self._threads: tuple[float, list[str]] | None = None
-        self._states: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.jobs: dict[str, VerifyJob] = {}
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -83,18 +88,6 @@ class Viewer:
         if self._threads is None or now - self._threads[0] > THREADS_TTL:
             self._threads = (now, self.call(self.store.threads))
         return self._threads[1]
-
-    def state(self, thread: str, cid: str) -> tuple[CheckpointInfo, Any]:
-        key = (thread, cid)
-        got = self._states.get(key)
-        if got is None:
-            cp = self.call(partial(self.store.load, thread, CheckpointId(cid)))
-            got = (cp, cp.state)
-            self._states[key] = got
-            while len(self._states) > STATES_KEPT:
-                self._states.popitem(last=False)
-        self._states.move_to_end(key)
-        return got
 
 
 def _env() -> Environment:
@@ -206,26 +199,51 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
                     head=head, g=layout(infos), forks=forks, looked=looked, before=before,
                     n=n, fork_scan=FORK_SCAN)
 
+    def part(thread: str, cid: str, path: list[Any], start: int = 0,
+             count: int = view.PAGE_ITEMS) -> StatePart:
+        return viewer.call(partial(store.read_part, thread, CheckpointId(cid) if cid else None,
+                                   path, start=start, count=count))
+
     @guarded
     def checkpoint_page(request: Request) -> Response:
         thread, cid = _arg(request, "thread"), _arg(request, "id")
-        info, state = viewer.state(thread, cid)
-        before = _arg(request, "before")
-        convo = view.conversation(state, types=store.types,
-                                  before=int(before) if before.isdigit() else None)
-        root = view.tree(state, types=store.types)
-        return page("checkpoint.html", thread=thread, info=info, root=root, convo=convo,
-                    shown=view.MESSAGES_SHOWN)
+        root = part(thread, cid, [])  # the root node alone
+        info = root.checkpoint
+        convo = None
+        where = view.messages_path(root.value)
+        if where is not None:
+            total = view.known_length(root.value, where)
+            try:  # (not known from the root: ask for it, reading no item)
+                total = total if total is not None else part(thread, info.id, where,
+                                                             count=0).length or 0
+            except (NotFoundError, InvalidArgumentError):  # channel_values had no messages
+                total, where = 0, None
+            if where is not None:
+                before = _arg(request, "before")
+                end = min(int(before), total) if before.isdigit() else total
+                first = max(0, end - view.MESSAGES_SHOWN)
+                got = part(thread, info.id, where, first, end - first)
+                convo = (total, view.conversation(got.value, first, where, types=store.types))
+        tree = view.tree(root.value, types=store.types)
+        return page("checkpoint.html", thread=thread, info=info, root=tree, convo=convo,
+                    nodes_read=root.nodes_read, shown=view.MESSAGES_SHOWN)
 
     @guarded
     def node_fragment(request: Request) -> Response:
         thread, cid = _arg(request, "thread"), _arg(request, "id")
-        steps = view.parse_steps(_arg(request, "path"))
-        _, state = viewer.state(thread, cid)
-        value = view.child(state, steps, store.types)
-        node = view.tree(value, steps, types=store.types, offset=_int(request, "offset"),
-                         full_text=_arg(request, "full") == "1")
-        node.key = view.path_name(state, steps, store.types)
+        path, sub = view.decode(_arg(request, "path")), view.decode(_arg(request, "sub"))
+        offset, full = _int(request, "offset"), _arg(request, "full") == "1"
+        if sub:  # inside a stored object (read whole with its node): followed in memory
+            value = view.follow(part(thread, cid, path).value, sub, store.types)
+            first, length = offset, None
+            if isinstance(value, (list, tuple)):
+                length = len(value)
+                value = value[offset:offset + view.PAGE_ITEMS]
+        else:
+            got = part(thread, cid, path, offset)
+            value, first, length = got.value, got.start, got.length
+        node = view.tree(value, path, sub, types=store.types, first=first, length=length,
+                         full_text=full)
         html = env.get_template("node.html").render(node=node, thread=thread, cid=cid,
                                                      fragment=True)
         return HTMLResponse(html, headers=SECURITY_HEADERS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codec import TypeRegistry
+from ..part import Unread
 
 EAGER_NODES = 150  # nodes of a state drawn with the page; deeper or larger parts load on expand
 PAGE_ITEMS = 100  # items of a list or dict drawn per request
@@ -26,16 +27,16 @@ MAX_TEXT = 1 << 20  # characters of one str drawn at most, even on "show all"
 class Node:
     """One value of a state: ``key`` (its name in its parent), ``kind`` (``str``, ``list``,
     a class name...), ``text`` (a scalar's text, or None), ``summary`` (a container's size),
-    ``children`` (drawn now), ``path`` (for a closed container: what to ask for on expand),
-    ``more`` (a path and offset to ask for the next items)."""
+    ``children`` (drawn now), ``src`` (for a closed part: what to ask for on expand),
+    ``more`` (what to ask for the next items)."""
 
     key: str
     kind: str
     text: str | None = None
     summary: str = ""
     children: list[Node] = field(default_factory=list)
-    path: str | None = None
-    more: tuple[str, int, int] | None = None  # (path, offset of the next items, items left)
+    src: dict[str, Any] | None = None  # what draws it (closed, or a cut text)
+    more: tuple[dict[str, Any], int] | None = None  # what draws the next items, items left
     cut: int = 0  # characters of text not drawn
     open: bool = False
 
@@ -95,87 +96,135 @@ def scalar_text(value: Any, limit: int = TEXT_SHOWN) -> tuple[str, str, int]:
     return type(value).__name__, text[:limit], max(0, len(text) - limit)
 
 
-def child(value: Any, steps: Sequence[int], types: TypeRegistry | None = None) -> Any:
-    """The value at ``steps`` (indexes into each container's items, in order)."""
-    for i in steps:
-        got = _items(value, types)
-        if got is None or not 0 <= i < len(got[1]):
-            raise KeyError(i)
-        value = got[1][i][1]
-    return value
+def encode(steps: Sequence[Any]) -> str:
+    """Path steps (str keys, int keys and indexes) as the JSON the pages pass back."""
+    return json.dumps(list(steps), ensure_ascii=False, separators=(",", ":"))
 
 
-def path_name(value: Any, steps: Sequence[int], types: TypeRegistry | None = None) -> str:
-    """The path of ``steps`` as people read it: ``state.messages[3].content``."""
-    out = "state"
-    for i in steps:
-        got = _items(value, types)
-        if got is None or not 0 <= i < len(got[1]):
-            raise KeyError(i)
-        kind, items = got
-        key, value = items[i]
-        out += f"[{key}]" if kind in ("list", "tuple", "set", "frozenset") else f".{key}"
-    return out
-
-
-def parse_steps(text: str) -> list[int]:
-    """``"0.3.12"`` -> ``[0, 3, 12]`` (``""``: the root); ValueError if it is not that."""
+def decode(text: str) -> list[Any]:
+    """A path from a page: a JSON list of str and int (``""``: the root); ValueError else."""
     if not text:
         return []
-    steps = [int(s) for s in text.split(".")]
-    if any(s < 0 for s in steps) or len(steps) > 4096:
-        raise ValueError(text)
+    steps = json.loads(text)
+    if not isinstance(steps, list) or len(steps) > 4096 or not all(
+            type(s) in (str, int) for s in steps):
+        raise ValueError(f"the path {text[:100]!r} is not a JSON list of keys and indexes")
     return steps
 
 
-def _join(steps: Sequence[int]) -> str:
-    return ".".join(str(s) for s in steps)
+def addressable(key: Any) -> bool:
+    return type(key) in (str, int)
 
 
-def tree(value: Any, steps: Sequence[int] = (), *, types: TypeRegistry | None = None,
-         offset: int = 0, budget: int = EAGER_NODES, full_text: bool = False) -> Node:
-    """``value`` (found at ``steps``) as a Node drawn to about ``budget`` nodes: containers
-    past it, or with more than ``EAGER_ITEMS`` items, are closed with a path to expand; a
-    container shows ``PAGE_ITEMS`` items from ``offset``. Iterative (breadth first), so a deep
-    state costs no C stack."""
-    root = Node(key="state" if not steps else "", kind="")
+def follow(value: Any, sub: Sequence[Any], types: TypeRegistry | None = None) -> Any:
+    """The value at ``sub`` inside ``value``, in memory (the fields of stored objects too)."""
+    for key in sub:
+        got = fields_of(value, types)
+        if got is not None:
+            value = got[1] if isinstance(got[1], dict) else {"value": got[1]}
+        if isinstance(value, dict):
+            value = value[key]
+        elif isinstance(value, (list, tuple)) and type(key) is int:
+            value = value[key]
+        else:
+            raise KeyError(key)
+    return value
+
+
+def path_name(path: Sequence[Any], sub: Sequence[Any] = ()) -> str:
+    """A path as people read it: ``state["messages"][3].content`` (fields of objects with
+    a dot)."""
+    return "state" + "".join(f"[{json.dumps(k, ensure_ascii=False)}]" for k in path) + "".join(
+        f".{k}" if type(k) is str else f"[{k}]" for k in sub)
+
+
+def src(path: Sequence[Any], sub: Sequence[Any], **extra: Any) -> dict[str, Any]:
+    """Query parameters of the fragment that draws the value at (``path``, ``sub``)."""
+    return {"path": encode(path), "sub": encode(sub), **extra}
+
+
+def _size(kind: str, length: int | None) -> str:
+    if length is None:
+        return ""
+    unit = {"str": "character", "bytes": "byte", "dict": "key"}.get(kind, "item")
+    return f"{length:,} {unit}" + ("s" if length != 1 else "")
+
+
+def tree(value: Any, path: Sequence[Any] = (), sub: Sequence[Any] = (), *,
+         types: TypeRegistry | None = None, first: int = 0, length: int | None = None,
+         budget: int = EAGER_NODES, full_text: bool = False) -> Node:
+    """The value at (``path``: keys into the stored state, ``sub``: keys inside a stored
+    object there) as a Node drawn to about ``budget`` values. A list ``value`` is the slice
+    from item ``first`` of a list of ``length`` items; a dict shows ``PAGE_ITEMS`` keys from
+    ``first``. Parts not read (``Unread``), containers past the budget or with more than
+    ``EAGER_ITEMS`` items are closed with the parameters that draw them. Iterative (breadth
+    first): a deep state costs no C stack."""
+    root = Node(key=path_name(path, sub), kind="")
     left = [budget]
-    queue: deque[tuple[Node, Any, list[int], int, bool]] = deque([(root, value, list(steps),
-                                                                   offset, True)])
+    queue: deque[tuple[Node, Any, list[Any], list[Any], bool]] = deque(
+        [(root, value, list(path), list(sub), True)])
     while queue:
-        node, val, path, start, top = queue.popleft()
+        node, val, at, inner, top = queue.popleft()
+        if type(val) is Unread:
+            node.kind, node.summary = val.kind, _size(val.kind, val.length)
+            node.src = src(at, inner)
+            continue
         if not top and type(val) in (list, tuple, dict) and len(val) > EAGER_ITEMS:
             node.kind = "dict" if type(val) is dict else type(val).__name__
-            node.summary = f"{len(val):,} {'keys' if type(val) is dict else 'items'}"
-            node.path = _join(path)  # closed: its items are not even listed
+            node.summary = _size(node.kind, len(val))
+            node.src = src(at, inner)  # closed: its items are not even listed
             continue
         got = _items(val, types)
         if got is None:
             node.kind, node.text, node.cut = scalar_text(val, MAX_TEXT if full_text and top
                                                          else TEXT_SHOWN)
-            if node.cut:
-                node.path = _join(path)
+            if node.cut and not (full_text and top):
+                node.src = src(at, inner, full="1")
             continue
         kind, items = got
         node.kind = kind
         keyed = kind == "dict" or kind[:1].isupper()  # a dict, or a stored object's fields
-        node.summary = f"{len(items):,} {'key' if keyed else 'item'}" + (
-            "s" if len(items) != 1 else "")
+        listed = type(val) in (list, tuple) and top
+        total = (length if length is not None else len(items)) if listed else len(items)
+        node.summary = _size("dict" if keyed else "list", total)
         if not items:
             continue
         if not top and (len(items) > EAGER_ITEMS or left[0] <= 0):
-            node.path = _join(path)
+            node.src = src(at, inner)
             continue
         node.open = True
-        shown = items[start:start + PAGE_ITEMS]
+        start = first if top else 0
+        shown = items[:PAGE_ITEMS] if listed else items[start:start + PAGE_ITEMS]
         left[0] -= len(shown)
-        for n, (key, item) in enumerate(shown, start):
-            kid = Node(key=key, kind="")
+        in_object = bool(inner) or fields_of(val, types) is not None
+        raw = _raw_keys(val, types)
+        base = start
+        for n, (key, item) in enumerate(shown):
+            k = raw[n if listed else base + n]
+            kid = Node(key=str(base + n) if type(val) in (list, tuple) else key, kind="")
             node.children.append(kid)
-            queue.append((kid, item, [*path, n], 0, False))
-        if start + PAGE_ITEMS < len(items):
-            node.more = (_join(path), start + PAGE_ITEMS, len(items) - start - PAGE_ITEMS)
+            if type(val) in (list, tuple):
+                k = base + n
+            if not addressable(k):
+                kid.key += " (not addressable)"
+            queue.append((kid, item, at if in_object else [*at, k],
+                          [*inner, k] if in_object else [], False))
+        end = base + len(shown)
+        if end < total:
+            node.more = (src(path, sub, offset=end) if top else src(at, inner, offset=end),
+                         total - end)
     return root
+
+
+def _raw_keys(value: Any, types: TypeRegistry | None) -> list[Any]:
+    got = fields_of(value, types)
+    if got is not None:
+        return list(got[1]) if isinstance(got[1], dict) else ["value"]
+    if isinstance(value, dict):
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        return list(range(len(value)))
+    return list(range(len(value)))  # a set: by position (not addressable past this page)
 
 
 # --- messages as a conversation ---
@@ -191,22 +240,37 @@ class Message:
     cut: int
     tool_calls: tuple[str, ...]  # "name(args)" of each call
     name: str | None
-    steps: str  # path (indexes) of the message, to open it in the tree
+    src: dict[str, Any]  # what draws the message (its fields)
 
 
-def messages_of(state: Any) -> tuple[list[int], list[Any]] | None:
-    """(steps, the list) of a state's ``messages`` list: ``state["messages"]``, or LangGraph's
-    ``state["channel_values"]["messages"]``; None if it has none."""
-    if not isinstance(state, dict):
+def messages_path(root: Any) -> list[str] | None:
+    """Where a state's messages list is, from its root read one node deep: ``["messages"]``,
+    or LangGraph's ``["channel_values", "messages"]``; None if it has none."""
+    if not isinstance(root, dict):
         return None
-    keys = list(state)
-    if isinstance(state.get("messages"), list):
-        return [keys.index("messages")], state["messages"]
-    values = state.get("channel_values")
-    if isinstance(values, dict) and isinstance(values.get("messages"), list):
-        inner = list(values)
-        return [keys.index("channel_values"), inner.index("messages")], values["messages"]
+
+    def is_list(v: Any) -> bool:
+        return isinstance(v, list) or (type(v) is Unread and v.kind == "list")
+
+    if is_list(root.get("messages")):
+        return ["messages"]
+    values = root.get("channel_values")
+    if (isinstance(values, dict) and is_list(values.get("messages"))) or (
+            type(values) is Unread and values.kind == "dict"):
+        return ["channel_values", "messages"]
     return None
+
+
+def known_length(root: Any, path: Sequence[Any]) -> int | None:
+    """The length of the list at ``path`` when the root read one node deep tells it."""
+    value = root
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    if type(value) is Unread:
+        return value.length
+    return len(value) if isinstance(value, list) else None
 
 
 def _content(content: Any) -> str:
@@ -225,18 +289,15 @@ def _content(content: Any) -> str:
     return "" if content is None else short(content, TEXT_SHOWN)
 
 
-def conversation(state: Any, *, types: TypeRegistry | None = None,
-                 before: int | None = None) -> tuple[list[int], int, list[Message]] | None:
-    """(steps of the list, its length, the ``MESSAGES_SHOWN`` messages before index ``before``
-    (default: the last ones)) of a state's messages; None if it has none."""
-    found = messages_of(state)
-    if found is None:
-        return None
-    steps, msgs = found
-    end = len(msgs) if before is None else max(0, min(before, len(msgs)))
+def conversation(msgs: Sequence[Any], first: int, path: Sequence[Any], *,
+                 types: TypeRegistry | None = None) -> list[Message]:
+    """Messages ``msgs`` (items ``first`` on of the list at ``path``) for the page."""
     out = []
-    for i in range(max(0, end - MESSAGES_SHOWN), end):
-        m = msgs[i]
+    for n, m in enumerate(msgs):
+        i = first + n
+        if type(m) is Unread:  # a message in a node of its own: opened on demand
+            out.append(Message(i, "message", "", 0, (), None, src([*path, i], [])))
+            continue
         got = fields_of(m, types)
         data = got[1] if got is not None else m
         cls = got[0] if got is not None else None
@@ -259,8 +320,8 @@ def conversation(state: Any, *, types: TypeRegistry | None = None,
                     names.append(short(c_data, 160))
         name = data.get("name") if isinstance(data.get("name"), str) else None
         out.append(Message(i, str(role), text[:TEXT_SHOWN], max(0, len(text) - TEXT_SHOWN),
-                           tuple(names), name, _join([*steps, i])))
-    return steps, len(msgs), out
+                           tuple(names), name, src([*path, i], [])))
+    return out
 
 
 def short(value: Any, n: int = 160) -> str:
