@@ -4,9 +4,10 @@ beside the command line printing the same thing, in one run, on local disk.
   history     /thread of a thread of N checkpoints (its newest 200 drawn) vs
               ``store.history(limit=201)`` + ``count`` alone vs ``cas-checkpoint log --graph -n
               200`` in-process
-  checkpoint  /checkpoint of a state of M messages (~380 bytes each) vs ``store.load`` alone vs
-              ``cas-checkpoint show``
-  last msg    opening the last message of that state (/node) after the page
+  checkpoint  /checkpoint of a state of M messages (~380 bytes each) vs its ``read_part`` calls
+              (the root, the last 50 messages) vs ``cas-checkpoint show``; and ``store.load``
+  last msg    opening the last message of that state (/node) after the page vs
+              ``read_part(["messages", -1])`` on a fresh store vs ``show --path messages[-1]``
   threads     / of a store of T threads vs ``threads()`` + each row's ``history(limit=1)``
               and ``count``
 Each measured on a fresh store object and app (nothing cached), the median of --repeat runs.
@@ -103,23 +104,32 @@ def main() -> None:
         s.history("long", limit=201)
         s.count("long")
 
+    def store_part(s: CheckpointStore) -> None:  # what the page asks: root, last 50
+        s.read_part("chat")
+        s.read_part("chat", None, ["messages"], start=a.messages - 50, count=50)
+
     def store_load(s: CheckpointStore) -> None:
         s.load("chat")
+
+    def last_message(s: CheckpointStore) -> None:
+        s.read_part("chat", None, ["messages", -1])
 
     def store_rows(s: CheckpointStore) -> None:
         for t in s.threads()[:50]:
             s.history(t, limit=1)
             s.count(t)
 
-    msg_path = f"/node?thread=chat&id={big.id}&path=0.{a.messages - 1}"
+    msg_path = f"/node?thread=chat&id={big.id}&path=%5B%22messages%22,{a.messages - 1}%5D"
     cp_path = f"/checkpoint?thread=chat&id={big.id}"
     rows = [
         [f"history ({a.checkpoints:,} checkpoints)", page(url, "/thread?id=long"),
          timed(store_history, a.repeat, fresh),
          timed(quiet_cli("log", url, "long", "--graph", "-n", "200"), a.repeat)],
         [f"checkpoint ({a.messages:,} messages)", page(url, cp_path),
-         timed(store_load, a.repeat, fresh), timed(quiet_cli("show", url, "chat"), a.repeat)],
-        ["last message, on that page", page(url, msg_path, before=cp_path), 0.0,
+         timed(store_part, a.repeat, fresh), timed(quiet_cli("show", url, "chat"), a.repeat)],
+        ["  (the whole state: store.load)", 0.0, timed(store_load, a.repeat, fresh), 0.0],
+        ["last message, on that page", page(url, msg_path, before=cp_path),
+         timed(last_message, a.repeat, fresh),
          timed(quiet_cli("show", url, "chat", "--path", "messages[-1]"), a.repeat)],
         [f"threads ({a.threads + 2:,}), first 50", page(url, "/"),
          timed(store_rows, a.repeat, fresh), timed(quiet_cli("threads", url), a.repeat)],
