@@ -335,6 +335,11 @@ def test_encrypted_store(tmp_path: Path) -> None:
     c = client(CheckpointStore.open(url, encryption=key))
     assert "/thread?id=agent" in c.get("/").text
     assert "question 10" in c.get(f"/checkpoint?thread=agent&id={ids[-1]}").text
+    for mode in ("quick", "deep"):  # on a store object of its own, with the same keys
+        r = c.post("/verify", data={"mode": mode}, follow_redirects=False)
+        assert "OK: no problems found" in wait_for(c, r.headers["location"])
+    sized = c.get("/?sizes=1").text
+    assert "<th class=\"n\">stored</th>" in sized and "KB</td>" in sized
 
 
 def test_s3_store_pages(moto_server: dict[str, Any]) -> None:

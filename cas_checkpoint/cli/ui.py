@@ -70,5 +70,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"serving http://{shown}:{port} (read-only) for {store.url}; Ctrl-C stops",
           flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: how a viewer is stopped, not an error
+        pass
+    print("stopped", file=sys.stderr)
     return OK

@@ -47,6 +47,7 @@ FORK_SCAN = 100  # forks are looked for when the store has at most this many thr
 THREADS_TTL = 5.0  # seconds the list of threads is reused
 CHANGES_SHOWN = 2000
 SEARCH_LIMIT = 100
+JOBS_KEPT = 20  # verify runs remembered
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; "
@@ -139,7 +140,9 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
     def threads_page(request: Request) -> Response:
         name, status, kind = _arg(request, "name"), _arg(request, "status"), _arg(request, "kind")
         start = _int(request, "start")
+        sizes = _arg(request, "sizes") == "1"
         names = viewer.threads()
+        stored = viewer.call(partial(store.stats, by_thread=True)).by_thread if sizes else {}
         chosen = [t for t in names if name.lower() in t.lower()] if name else names
         rows: list[dict[str, Any]] = []
         pos = start
@@ -160,8 +163,10 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
                 continue
             if kind and (head is None or head.kind != kind):
                 continue
-            rows.append({"thread": thread, "count": count, "head": head})
-        return page("threads.html", rows=rows, name=name, status=status, kind=kind,
+            row = stored.get(thread)
+            rows.append({"thread": thread, "count": count, "head": head,
+                         "stored": None if row is None else row.physical_bytes})
+        return page("threads.html", rows=rows, name=name, status=status, kind=kind, sizes=sizes,
                     total=len(names), matching=len(chosen), start=start, next=pos
                     if pos < len(chosen) else None, scanned=scanned,
                     prev=max(0, start - PAGE_THREADS) if start else None)
@@ -283,6 +288,8 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
         deep = form.get("mode") == "deep"
         job_id = uuid.uuid4().hex[:12]
         job = viewer.jobs[job_id] = VerifyJob(deep=deep)
+        while len(viewer.jobs) > JOBS_KEPT:  # the oldest runs' reports go
+            viewer.jobs.pop(next(iter(viewer.jobs)))
 
         def progress(done: int, total: int) -> None:
             job.done, job.total = done, total
