@@ -158,6 +158,12 @@ def test_pages_show_threads_history_checkpoint_diff_search(tmp_path: Path) -> No
     assert re.search(r"read <span id=\"nodes-read\">\d+</span> tree nodes", d)
     assert "state[&#34;step&#34;]" in d or 'state["step"]' in d
 
+    picked = c.get(f"/thread?id=agent&pick={ids[2]}").text  # diff two nodes of the graph
+    assert "diff from here" in picked and f'href="/diff?a={ids[2]}&amp;b={ids[7]}"' in picked
+    r = c.post("/verify", data={"mode": "quick", "thread": "side"}, follow_redirects=False)
+    one = wait_for(c, r.headers["location"])
+    assert "of thread <a" in one and "OK: no problems found" in one and "1 threads" in one
+
     found = c.get("/search?q=question+10").text
     assert "1 match " in found and f"id={ids[-1]}" in found
     assert c.get("/thread?id=nope").status_code == 404

@@ -62,6 +62,7 @@ SECURITY_HEADERS = {
 @dataclass
 class VerifyJob:
     deep: bool
+    thread: str | None = None
     done: int = 0
     total: int = 0
     report: VerifyReport | None = None
@@ -202,7 +203,7 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
         forks, looked = _forks(thread, {i.id for i in infos})
         return page("thread.html", thread=thread, infos=infos, more=more, count=count,
                     head=head, g=layout(infos), forks=forks, looked=looked, before=before,
-                    n=n, fork_scan=FORK_SCAN)
+                    n=n, fork_scan=FORK_SCAN, pick=_arg(request, "pick"))
 
     def part(thread: str, cid: str, path: list[Any], start: int = 0,
              count: int = view.PAGE_ITEMS) -> StatePart:
@@ -286,8 +287,9 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
                         "page only")
         form = await request.form()
         deep = form.get("mode") == "deep"
+        thread = str(form.get("thread") or "") or None
         job_id = uuid.uuid4().hex[:12]
-        job = viewer.jobs[job_id] = VerifyJob(deep=deep)
+        job = viewer.jobs[job_id] = VerifyJob(deep=deep, thread=thread)
         while len(viewer.jobs) > JOBS_KEPT:  # the oldest runs' reports go
             viewer.jobs.pop(next(iter(viewer.jobs)))
 
@@ -299,7 +301,7 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
             other = CheckpointStore.from_backend(
                 store.backend, types=store.types)  # type: ignore[arg-type]  # a registry
             try:
-                job.report = other.verify(deep=deep, progress=progress)
+                job.report = other.verify(deep=deep, thread_id=thread, progress=progress)
             except CasError as exc:
                 job.error = str(exc)
             except Exception as exc:  # noqa: BLE001 - shown on the page, not lost in a thread
