@@ -66,8 +66,9 @@ class _Walk:
     def open(self, value: Any, depth: int) -> Any:
         """A ``Link`` read (its value, or the ``Joined`` of a concatenation node); any other
         value as it is."""
-        while type(value) is Link:
+        while type(value) is Link:  # (a node may hold one child alone: each is a level)
             node = self.reader.outline(value.oid, depth)
+            depth += 1
             value = node.value if node.shape == VALUE else Joined(node.shape, node.children,
                                                                   node.lengths)
         return value
@@ -145,27 +146,11 @@ class _Walk:
         return Unread(kind, len(v) if kind != "value" else None)
 
 
-def read_part(core: Core, thread_id: str, checkpoint_id: CheckpointId | None,
-              path: Sequence[Any], start: int, count: int) -> Step[StatePart]:
-    """The step behind ``CheckpointStore.read_part``."""
-    if isinstance(path, (str, bytes)) or not isinstance(path, Sequence):
-        raise InvalidArgumentError(f"path must be a list of keys and list indexes, such as "
-                                   f"['messages', -1], not {path!r}")
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise InvalidArgumentError(f"start must be an int >= 0, not {start!r}")
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
-        raise InvalidArgumentError(f"count must be an int from 0 to {MAX_COUNT}, not {count!r}")
-    cid = None if checkpoint_id is None else check_id(checkpoint_id)
-    ref = yield from core.ref(thread_id)
-    head = ref.head
-    cid = cid or head.head
-    assert cid is not None
-    view = yield from core.objects.view(head)
-    entry = core._entry(thread_id, head, view, cid)  # noqa: SLF001 - (it is in this thread)
-    record = Record.decode(view.get(entry.id))
-    tally = Tally(budget_for([record.size]))
-    walk = _Walk(Reader(node_getter(view, record), core.types, tally))
-    value: Any = Link(record.root)
+def walk_to(walk: _Walk, root: ObjectId, path: Sequence[Any], start: int,
+            count: int) -> tuple[Any, int | None, int]:
+    """(value, length, first item) at ``path`` in the tree under ``root``: what
+    ``read_part`` returns, read through ``walk`` alone (pure: its reader fetches the nodes)."""
+    value: Any = Link(root)
     for n, step in enumerate(path):
         value = walk.open(value, n)
         where = _where(path, n)
@@ -177,7 +162,14 @@ def read_part(core: Core, thread_id: str, checkpoint_id: CheckpointId | None,
             i = step + size if step < 0 else step
             if not 0 <= i < size:
                 raise NotFoundError(f"{where} has {size} items; [{step}] is not one of them")
-            value = walk.items(value, i, i + 1, n)[0] if type(value) is Joined else value[i]
+            if type(value) is Joined:
+                got_items = walk.items(value, i, i + 1, n)
+                if len(got_items) != 1:
+                    raise FormatError(f"{where}[{i}] is not in the nodes its list names; the "
+                                      "state is corrupt")
+                value = got_items[0]
+            else:
+                value = value[i]
         elif type(value) is Joined and value.shape == DICT or type(value) is dict:
             got: Any = walk.mapping(value, n) if type(value) is Joined else value
             try:
@@ -210,7 +202,30 @@ def read_part(core: Core, thread_id: str, checkpoint_id: CheckpointId | None,
         value = value[first:first + count]
     elif type(value) in (dict, str, bytes):
         length = len(value)
-    value = fill(value, walk.unread)
+    return fill(value, walk.unread), length, first
+
+
+def read_part(core: Core, thread_id: str, checkpoint_id: CheckpointId | None,
+              path: Sequence[Any], start: int, count: int) -> Step[StatePart]:
+    """The step behind ``CheckpointStore.read_part``."""
+    if isinstance(path, (str, bytes)) or not isinstance(path, Sequence):
+        raise InvalidArgumentError(f"path must be a list of keys and list indexes, such as "
+                                   f"['messages', -1], not {path!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InvalidArgumentError(f"start must be an int >= 0, not {start!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+        raise InvalidArgumentError(f"count must be an int from 0 to {MAX_COUNT}, not {count!r}")
+    cid = None if checkpoint_id is None else check_id(checkpoint_id)
+    ref = yield from core.ref(thread_id)
+    head = ref.head
+    cid = cid or head.head
+    assert cid is not None
+    view = yield from core.objects.view(head)
+    entry = core._entry(thread_id, head, view, cid)  # noqa: SLF001 - (it is in this thread)
+    record = Record.decode(view.get(entry.id))
+    tally = Tally(budget_for([record.size]))
+    walk = _Walk(Reader(node_getter(view, record), core.types, tally))
+    value, length, first = walk_to(walk, record.root, path, start, count)
     info = info_of_record(entry.id, record)
     info = CheckpointInfo(info.id, thread_id, info.step, info.parent_ids, info.created_at,
                           info.size, info.label, info.tags, info.metadata, record.status,

@@ -12,6 +12,7 @@ import pytest
 
 from cas_checkpoint import (
     CheckpointStore,
+    FormatError,
     InvalidArgumentError,
     NotFoundError,
     StatePart,
@@ -117,3 +118,61 @@ def test_the_async_face_reads_the_same() -> None:
             return await store.read_part("t", None, ["messages", 499, "role"])
 
     assert asyncio.run(go()).value == "assistant"
+
+
+def test_hostile_nodes_are_format_errors() -> None:
+    """Nodes that hash right but lie (lengths, shapes, depth): a FormatError, never a wrong
+    item, a crash or a hang."""
+    import msgpack
+    from test_diff import _link, _node
+
+    from cas_checkpoint.links import Ref, Span
+    from cas_checkpoint.objects import ObjectId, object_id
+    from cas_checkpoint.part import _Walk, walk_to
+    from cas_checkpoint.shapes import DICT, LIST, VALUE
+    from cas_checkpoint.walk import Reader, Tally
+
+    nodes: dict[str, bytes] = {}
+
+    def read(root: str, path: list[Any], start: int = 0, count: int = 100) -> Any:
+        def get(oid: ObjectId) -> bytes:
+            data = nodes[oid]
+            assert object_id(data) == oid
+            return data
+        return walk_to(_Walk(Reader(get, None, Tally(1 << 24))), ObjectId(root), path, start,
+                       count)
+
+    two = _node(nodes, VALUE, msgpack.packb([1, 2]))
+    three = _node(nodes, VALUE, msgpack.packb([3, 4, 5]))
+    a_dict = _node(nodes, VALUE, msgpack.packb({"a": 1}))
+
+    def span_of(shape: int, kids: tuple[str, ...], lengths: tuple[int, ...] | None) -> str:
+        return _node(nodes, VALUE, b"\x81\xa1m" + _link(Span(shape, 0, len(kids), lengths)),
+                     kids)
+
+    fine = span_of(LIST, (two, three), (2, 3))
+    assert read(fine, ["m", 3]) == (4, None, 0)
+    assert read(fine, ["m"], 1, 3) == ([2, 3, 4], 5, 1)
+    assert read(fine, []) == ({"m": Unread("list", 5)}, 1, 0)
+    cases = {
+        "a leaf holds fewer than said": (span_of(LIST, (two,), (3,)), ["m", 2]),
+        "a leaf holds more than said": (span_of(LIST, (three,), (2,)), ["m", 1]),
+        "a list of a dict": (span_of(LIST, (a_dict,), (1,)), ["m", 0]),
+        "a dict of a list": (span_of(DICT, (two,), (2,)), ["m", "a"]),
+        "garbage": (_node(nodes, VALUE, b"\xc1\xc1"), []),
+        "a child out of range": (_node(nodes, VALUE, b"\x91" + _link(Ref(3)), (two,)), [0]),
+    }
+    for what, (root, path) in cases.items():
+        with pytest.raises(FormatError):
+            read(root, path)
+            pytest.fail(what)
+    deep = two  # a chain of nodes, each a list holding the next: refused at MAX_DEPTH
+    for _ in range(1100):
+        deep = _node(nodes, VALUE, b"\x91" + _link(Ref(0)), (deep,))
+    with pytest.raises(FormatError):
+        read(deep, [0] * 1100)
+    alone = two  # each node's value is the next node alone
+    for _ in range(1100):
+        alone = _node(nodes, VALUE, _link(Ref(0)), (alone,))
+    with pytest.raises(FormatError):
+        read(alone, [])
