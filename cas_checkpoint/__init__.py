@@ -25,6 +25,7 @@ from .errors import (
 from .gc import GCReport
 from .model import ThreadStats
 from .objects import CheckpointId, ObjectId
+from .part import StatePart, Unread
 from .receive import BundleReport
 from .repack import RepackReport
 from .retention import PruneReport
@@ -56,11 +57,13 @@ __all__ = [
     "SearchResult",
     "SerializationError",
     "StateDiff",
+    "StatePart",
     "StorageError",
     "StoreStats",
     "ThreadStats",
     "TypeRegistry",
     "UnsafeStorageError",
+    "Unread",
     "VerifyReport",
     "copy_threads",
 ]

@@ -21,7 +21,7 @@ the commit lost. So after a cancelled save, ``landed(exc)`` tells the caller whe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -36,6 +36,8 @@ from .errors import InvalidArgumentError
 from .model import Checkpoint, CheckpointInfo, StoreStats
 from .objects import CheckpointId
 from .ops import Step, arun, landed
+from .part import StatePart
+from .part import read_part as part_step
 from .repack import RepackReport
 from .retention import PruneReport
 from .search import SearchResult
@@ -173,6 +175,14 @@ class AsyncCheckpointStore:
     async def diff(self, a_id: CheckpointId, b_id: CheckpointId) -> StateDiff:
         """What changed from checkpoint ``a_id`` to ``b_id`` (see ``CheckpointStore.diff``)."""
         return await self._run(diff_step(self._core, a_id, b_id))
+
+    async def read_part(self, thread_id: str, checkpoint_id: CheckpointId | None = None,
+                        path: Sequence[Any] = (), *, start: int = 0,
+                        count: int = 100) -> StatePart:
+        """One part of a checkpoint's state, read without the rest (see
+        ``CheckpointStore.read_part``)."""
+        return await self._run(part_step(self._core, thread_id, checkpoint_id, path, start,
+                                         count))
 
     async def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                      all_history: bool = False, limit: int | None = None,

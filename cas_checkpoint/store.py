@@ -4,7 +4,7 @@ the backend's blocking calls."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
@@ -20,6 +20,8 @@ from .errors import InvalidArgumentError
 from .model import Checkpoint, CheckpointInfo, StoreStats
 from .objects import CheckpointId
 from .ops import Step, run
+from .part import StatePart
+from .part import read_part as part_step
 from .repack import RepackReport
 from .retention import PruneReport
 from .search import SearchResult
@@ -203,6 +205,18 @@ class CheckpointStore:
         "removed", "changed" and ``path`` like ``'["messages"][41]["content"]'``. Subtrees
         both states share are skipped unread (``d.nodes_read`` says how many nodes it read)."""
         return self._run(diff_step(self._core, a_id, b_id))
+
+    def read_part(self, thread_id: str, checkpoint_id: CheckpointId | None = None,
+                  path: Sequence[Any] = (), *, start: int = 0,
+                  count: int = 100) -> StatePart:
+        """One part of a checkpoint's state (the head's, without ``checkpoint_id``), read
+        without the rest: ``path`` is a list of dict keys and list indexes (``["messages",
+        -1]``; ``()`` is the whole state), and only the nodes on the way to it and its own
+        are read. ``part.value`` is the value there, one node deep: lists, dicts, str and
+        bytes stored in nodes of their own inside it stand as ``Unread(kind, length)``; a
+        list gives the items ``start`` .. ``start + count`` (``part.length`` says how many it
+        has). ``part.nodes_read`` counts the tree nodes read."""
+        return self._run(part_step(self._core, thread_id, checkpoint_id, path, start, count))
 
     def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                all_history: bool = False, limit: int | None = None,

@@ -25,7 +25,7 @@ def test_store_methods() -> None:
     public = {n for n, _ in inspect.getmembers(CheckpointStore) if not n.startswith("_")}
     assert {"open", "save", "load", "get", "history", "find", "threads", "count", "head",
             "fork", "rewind", "delete", "delete_thread", "stats", "storage_bytes",
-            "url", "diff", "search", "init", "settings", "rekey"} <= public
+            "url", "diff", "search", "init", "settings", "rekey", "read_part"} <= public
     from cas_checkpoint.aio import AsyncCheckpointStore
 
     for cls in (CheckpointStore, AsyncCheckpointStore):
@@ -34,6 +34,10 @@ def test_store_methods() -> None:
                    for p in ("create", "compression", "compression_level", "encryption")), cls
         assert hasattr(cls, "rekey"), cls
     assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
+    for cls in (CheckpointStore, AsyncCheckpointStore):  # a part of a state, a page of a list
+        params = inspect.signature(cls.read_part).parameters
+        assert list(params) == ["self", "thread_id", "checkpoint_id", "path", "start", "count"]
+        assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in ("start", "count"))
     params = inspect.signature(CheckpointStore.search).parameters
     assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
                             "progress", "checkpoint_id"]

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from .. import CasError
-from . import demo, move, read, repair, write
+from . import demo, move, read, repair, ui, write
 from .common import ERROR, CliError, add_store_options, count, duration, positive_int
 from .wording import for_cli
 
@@ -180,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="SRC")
     p.add_argument("dest", metavar="DST")
     p.add_argument("threads", nargs="*", metavar="THREAD", help="default: every thread")
+    ui.add(cmd)
     return top
 
 
