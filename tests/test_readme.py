@@ -41,6 +41,8 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, moto_server: dict[str, Any]) -> None
 def test_the_pages_have_python_blocks() -> None:
     assert len(blocks("python")) >= 4
     assert len(python_blocks()) >= 12
+    for page in PAGES:  # an indented fence (inside a list) would not be run: keep them flush
+        assert not re.search(r"^[ \t]+```python", page.read_text(), flags=re.M), page
 
 
 @pytest.mark.parametrize("code", python_blocks())
