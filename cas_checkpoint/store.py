@@ -9,22 +9,25 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker, rotation
-from . import gc as gcmod
-from .backends import Backend, backend_for, open_backend
-from .core import CACHE_BYTES, UNSET, Core, log
-from .crypto import Encryption
-from .diff import StateDiff
-from .diff import diff as diff_step
-from .errors import InvalidArgumentError
-from .model import Checkpoint, CheckpointInfo, StoreStats
-from .objects import CheckpointId
-from .ops import Step, run
-from .repack import RepackReport
-from .retention import PruneReport
-from .search import SearchResult
-from .search import search as search_step
-from .verify_report import Progress, VerifyReport
+from cas_checkpoint.backends import Backend, backend_for, open_backend
+from cas_checkpoint.engine import encryption as crypto
+from cas_checkpoint.engine import settings as marker
+from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core, log
+from cas_checkpoint.engine.encryption import Encryption
+from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.retention import PruneReport
+from cas_checkpoint.engine.steps import Step, run
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
+from cas_checkpoint.query.diff import StateDiff
+from cas_checkpoint.query.diff import diff as diff_step
+from cas_checkpoint.query.search import SearchResult
+from cas_checkpoint.query.search import search as search_step
+from cas_checkpoint.transfer import bundle
 
 __all__ = ["Checkpoint", "CheckpointInfo", "CheckpointStore", "StoreStats", "log"]
 

@@ -92,7 +92,7 @@ def trace_merges() -> set[str]:
     """Print ``merge`` when a save has staged a merge (before its packs and ref are written),
     so a test can tell a kill that landed in the middle of a merge; returns the merged pack ids
     staged so far (filled as saves go)."""
-    from cas_checkpoint import packing
+    from cas_checkpoint.engine import staging as packing
 
     merged: set[str] = set()
     real = packing.stage
@@ -116,7 +116,7 @@ def hang_in_merge(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     ``in_pack`` (local disk: the merged pack's temp file written and fsynced, not linked) or
     ``before_ref`` (the merged pack written, the ref not yet), until killed."""
     import cas_checkpoint.backends.local as backend
-    from cas_checkpoint.objstore import key_pack_id
+    from cas_checkpoint.engine.object_store import key_pack_id
 
     at = cfg["at"]
     merged = trace_merges()

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, Key, codec, scan, tree
-from cas_checkpoint import join as join_module
-from cas_checkpoint.objects import encode_node, object_id
+from cas_checkpoint import CheckpointStore, Key
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import encode_node, object_id
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree import cuts as scan
+from cas_checkpoint.tree import load as join_module
 
 MB = 1 << 20
 
@@ -148,7 +151,8 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The pack a save writes is cached as it was made (no decompressing or decrypting of
     what was just compressed or sealed), and reads back the same from storage."""
-    from cas_checkpoint import crypto, packfile
+    from cas_checkpoint.engine import encryption as crypto
+    from cas_checkpoint.format import pack as packfile
 
     calls: list[str] = []
     real_decompress, real_open = packfile._decompress, crypto.open_sealed_pack
@@ -182,7 +186,7 @@ def test_a_body_compressed_from_its_parts_is_one_frame_of_them() -> None:
     decompresses to the objects joined."""
     import zstandard
 
-    from cas_checkpoint import packfile
+    from cas_checkpoint.format import pack as packfile
 
     rng = random.Random(8)
     for total, pieces in ((700_000, 90), (9 * MB, 1100)):

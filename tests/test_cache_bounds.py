@@ -14,8 +14,12 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, codec, shared, tree, warm
-from cas_checkpoint.objects import ObjectId
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import caches as warm
+from cas_checkpoint.engine import process_caches as shared
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import ObjectId
+from cas_checkpoint.tree import build as tree
 
 
 def _held(store: CheckpointStore) -> dict[str, int]:
@@ -56,7 +60,7 @@ def test_caches_hold_what_the_threads_in_use_need_whatever_the_thread_length(
         _turn(store, t, messages)
         if t + 1 in (60, 240):
             got.append(_held(store))
-    state = len(__import__("cas_checkpoint").codec.encode(
+    state = len(__import__("cas_checkpoint.format.codec").format.codec.encode(
         {"messages": messages, "step": 3, "turn": 239}))
     for h in got:
         others = h["packs"] - h["head_packs"]
@@ -123,10 +127,10 @@ def test_the_pack_cache_keeps_the_packs_of_the_newest_heads_of_the_threads_used_
     it any more (a merge replaced it; its thread fell out of the ``OWNED_THREADS`` used last);
     one that another tracked thread still names (a fork's) stays; one no thread was ever
     known to name (read by gc or verify) stays under the byte bound only."""
-    from cas_checkpoint import packcache
-    from cas_checkpoint.heads import Head, PackRef
-    from cas_checkpoint.objstore import Pack
-    from cas_checkpoint.packfile import PackIndex
+    from cas_checkpoint.engine import pack_cache as packcache
+    from cas_checkpoint.engine.object_store import Pack
+    from cas_checkpoint.format.heads import Head, PackRef
+    from cas_checkpoint.format.pack import PackIndex
 
     monkeypatch.setattr(packcache, "OWNED_THREADS", 3)
     released: list[str] = []

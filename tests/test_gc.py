@@ -14,9 +14,9 @@ from cas_checkpoint import (
     InvalidArgumentError,
     NotFoundError,
 )
-from cas_checkpoint import gc as gcmod
 from cas_checkpoint.backends import LocalBackend, MemoryBackend, ObjectInfo
-from cas_checkpoint.objstore import key_pack_id
+from cas_checkpoint.engine.object_store import key_pack_id
+from cas_checkpoint.maintenance import gc as gcmod
 
 
 def is_s3(store: CheckpointStore) -> bool:

@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from cas_checkpoint import CheckpointStore, FormatError, packing
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.packfile import decode_pack, encode_pack
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint import CheckpointStore, FormatError
+from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
+from cas_checkpoint.format.pack import decode_pack, encode_pack
 
 
 def _msg(i: int) -> dict[str, Any]:
@@ -251,8 +252,8 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
     """Pack indexes name objects by a 4-byte id prefix: an object found in one pack must not be
     hidden by another pack holding a different object of the same prefix; a pack that names
     an object by its prefix with other bytes (and nothing else has it) is an IntegrityError."""
+    from cas_checkpoint.engine.object_store import View, parse_pack
     from cas_checkpoint.errors import IntegrityError
-    from cas_checkpoint.objstore import View, parse_pack
 
     (a, da), (b, db) = _prefix_collision()
     pa, pb = encode_pack({ObjectId(a): da}), encode_pack({ObjectId(b): db})
@@ -266,7 +267,7 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
 
 
 def test_only_hex_hashed_keys_name_long_threads() -> None:
-    from cas_checkpoint.refs import is_hashed_key, is_thread_key
+    from cas_checkpoint.engine.refs import is_hashed_key, is_thread_key
 
     good = thread_key("x" * 200)
     assert is_hashed_key(good) and is_thread_key(good)
@@ -282,7 +283,7 @@ def test_a_short_thread_key_is_the_base32_of_its_id(thread_id: str) -> None:
     always did (lower case, no padding), and the key reads back as the id."""
     import base64
 
-    from cas_checkpoint.refs import SHORT_KEY_BYTES, thread_from_key
+    from cas_checkpoint.engine.refs import SHORT_KEY_BYTES, thread_from_key
 
     raw = thread_id.encode("utf-8")  # (hypothesis's text has no lone surrogates)
     if len(raw) > SHORT_KEY_BYTES:
@@ -296,9 +297,9 @@ def test_a_prefix_collision_inside_one_pack_finds_both_objects() -> None:
     """Two objects of one pack whose ids share their 4-byte prefix: the index keeps both
     locations, each object is found by its own id; a pack whose index files more than
     ``MAX_SAME_PREFIX`` objects under one prefix is refused before anything is hashed."""
+    from cas_checkpoint.engine.object_store import parse_pack
     from cas_checkpoint.errors import FormatError
-    from cas_checkpoint.objstore import parse_pack
-    from cas_checkpoint.packfile import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
+    from cas_checkpoint.format.pack import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
 
     (a, da), (b, db) = _prefix_collision()
     others = {object_id(d): d for d in (b"CASN\x03\x00\x00x", b"CASN\x03\x00\x00y")}

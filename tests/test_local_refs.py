@@ -11,8 +11,8 @@ import pytest
 
 import cas_checkpoint.backends.local as local
 from cas_checkpoint import CheckpointStore, FormatError, IntegrityError
-from cas_checkpoint.backends import slots
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.backends import ref_slots as slots
+from cas_checkpoint.engine.refs import thread_key
 
 
 def _path(store: CheckpointStore, thread: str) -> str:
@@ -166,7 +166,7 @@ def test_slots_unit() -> None:
 def test_the_head_a_save_remembers_is_the_one_a_read_decodes(tmp_path: Path) -> None:
     """A save keeps the head it wrote as the decoded form of the bytes it wrote (a load that
     follows does not decode them again): it must be exactly what decoding them gives."""
-    from cas_checkpoint.heads import Head
+    from cas_checkpoint.format.heads import Head
 
     store = CheckpointStore.open(str(tmp_path / "s"))
     key = thread_key("t")

@@ -16,8 +16,8 @@ import blake3
 import pytest
 
 from cas_checkpoint import CheckpointStore, IntegrityError
-from cas_checkpoint.backends import slots
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.backends import ref_slots as slots
+from cas_checkpoint.engine.refs import thread_key
 
 
 def _path(store: CheckpointStore, thread: str) -> str:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, packing
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.packfile import decode_pack
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
+from cas_checkpoint.format.pack import decode_pack
 
 
 def _objects(save: int) -> dict[ObjectId, bytes]:

@@ -17,18 +17,13 @@ from _hostile import plant_lying_pack
 from conftest import open_store
 from test_codec import EXAMPLES, REG, Color, Frozen, Level, Point, same
 
-from cas_checkpoint import (
-    CheckpointStore,
-    IntegrityError,
-    InvalidArgumentError,
-    NotFoundError,
-    packing,
-)
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import NODE, RECORD, SEGMENT, Record, object_id, object_kind
-from cas_checkpoint.objstore import key_pack_id, pack_key
-from cas_checkpoint.packfile import read_pack_index
-from cas_checkpoint.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
+from cas_checkpoint import CheckpointStore, IntegrityError, InvalidArgumentError, NotFoundError
+from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.engine.object_store import key_pack_id, pack_key
+from cas_checkpoint.engine.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import NODE, RECORD, SEGMENT, Record, object_id, object_kind
+from cas_checkpoint.format.pack import read_pack_index
 
 
 class Inner(pydantic.BaseModel):
@@ -386,9 +381,9 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     LangGraph's background writes racing its saves)."""
     import threading
 
-    from cas_checkpoint import objstore
-    from cas_checkpoint.objects import object_id
-    from cas_checkpoint.packfile import encode_pack
+    from cas_checkpoint.engine import object_store as objstore
+    from cas_checkpoint.format.objects import object_id
+    from cas_checkpoint.format.pack import encode_pack
 
     objs = {object_id(b"x" * i): b"x" * i for i in range(1, 40)}
     data = encode_pack(objs)  # type: ignore[arg-type]
@@ -421,7 +416,7 @@ def test_the_writer_keeps_its_pack_as_a_reader_would_parse_it(
     again): the same index, bytes and size as parsing what it stored; and a new store object
     loads the state from the stored packs."""
     from cas_checkpoint import Key
-    from cas_checkpoint.objstore import parse_pack
+    from cas_checkpoint.engine.object_store import parse_pack
 
     if "encryption" in options:
         options = {"encryption": Key.generate()}

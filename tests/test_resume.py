@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, objstore, tree
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import object_store as objstore
+from cas_checkpoint.tree import build as tree
 
 
 def _message(i: int) -> dict[str, Any]:

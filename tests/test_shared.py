@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
-from cas_checkpoint import objstore as objstore_mod
-from cas_checkpoint import tree as tree_mod
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objstore import ObjectStore, pack_key
+from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError
+from cas_checkpoint.engine import object_store as objstore_mod
+from cas_checkpoint.engine import process_caches as shared
+from cas_checkpoint.engine.object_store import ObjectStore, pack_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.tree import build as tree_mod
 
 
 def _msg(i: int) -> dict[str, Any]:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, IntegrityError, tree
-from cas_checkpoint.objstore import ObjectStore
+from cas_checkpoint import CheckpointStore, IntegrityError
+from cas_checkpoint.engine.object_store import ObjectStore
+from cas_checkpoint.tree import build as tree
 
 
 def _no_view(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +146,7 @@ def test_per_thread_memories_are_bounded_and_old_views_let_go_of_their_packs(
     newest ``VIEWS_KEPT``. A thread whose view was let go still skips writing the state it
     loaded; one forgotten altogether still saves and loads right (it writes more, never
     less)."""
-    from cas_checkpoint import warm
+    from cas_checkpoint.engine import caches as warm
 
     monkeypatch.setattr(warm, "THREADS_KEPT", 12)
     monkeypatch.setattr(warm, "VIEWS_KEPT", 3)
@@ -212,7 +213,7 @@ def test_bounded_memories_under_threads_that_save_and_load_many_threads(
     import random
     import threading
 
-    from cas_checkpoint import warm
+    from cas_checkpoint.engine import caches as warm
 
     monkeypatch.setattr(warm, "THREADS_KEPT", 5)
     monkeypatch.setattr(warm, "VIEWS_KEPT", 2)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import InvalidArgumentError, NotFoundError
-from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
-from .local import LocalBackend
-from .memory import MemoryBackend
+from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from cas_checkpoint.backends.local import LocalBackend
+from cas_checkpoint.backends.memory import MemoryBackend
+from cas_checkpoint.errors import InvalidArgumentError, NotFoundError
 
 __all__ = ["MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectInfo",
            "RefMismatch", "backend_for", "open_backend", "open_backend_async"]
@@ -112,7 +112,7 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
         await fs.set_session()
     except Exception as exc:  # a bad option of the client (region, endpoint URL, config...)
         raise InvalidArgumentError(f"cannot open {url!r}: {type(exc).__name__}: {exc}") from exc
-    from .s3 import S3Backend
+    from cas_checkpoint.backends.s3 import S3Backend
 
     if isinstance(backend, S3Backend):
         backend.owns_session = True  # aclose() closes the client made here
@@ -138,7 +138,7 @@ def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
     if "memory" in protocols:
         return MemoryBackend(fs, root)
     if "s3" in protocols or "s3a" in protocols:
-        from .s3 import S3Backend
+        from cas_checkpoint.backends.s3 import S3Backend
 
         return S3Backend(fs, root, allow_unsafe=allow_unsafe, retries=retries)
     raise InvalidArgumentError(

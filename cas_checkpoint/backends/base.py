@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import blake3
 
-from ..errors import NotFoundError
+from cas_checkpoint.errors import NotFoundError
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
-from ..errors import FormatError, IntegrityError, NotFoundError, StorageError
-from . import slots
-from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
+from cas_checkpoint.backends import ref_slots as slots
+from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
+from cas_checkpoint.errors import FormatError, IntegrityError, NotFoundError, StorageError
 
 try:
     import fcntl

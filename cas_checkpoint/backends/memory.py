@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import shared
-from ..errors import NotFoundError
-from .base import Backend, ObjectInfo, RefMismatch, T, _version
+from cas_checkpoint.backends.base import Backend, ObjectInfo, RefMismatch, T, _version
+from cas_checkpoint.engine import process_caches as shared
+from cas_checkpoint.errors import NotFoundError
 
 VERSIONS_KEPT = 1024  # refs whose version is remembered (under the class-wide lock)
 VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time

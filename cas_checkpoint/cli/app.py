@@ -10,9 +10,9 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from .. import CasError
-from . import demo, move, read, repair, write
-from .common import ERROR, CliError, add_store_options, duration, positive_int
+from cas_checkpoint import CasError
+from cas_checkpoint.cli import demo, move, read, repair, write
+from cas_checkpoint.cli.common import ERROR, CliError, add_store_options, duration, positive_int
 
 Command = Callable[[argparse.Namespace], int]
 

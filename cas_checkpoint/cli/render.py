@@ -12,11 +12,11 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._fmt import human_bytes
-from ..extypes import TypeRegistry
-from ..model import CheckpointInfo
-from ..walk import Stored
-from .common import CliError
+from cas_checkpoint.cli.common import CliError
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.format.extypes import TypeRegistry
+from cas_checkpoint.humanize import human_bytes
+from cas_checkpoint.query.walk import Stored
 
 # --- one checkpoint per line ---
 

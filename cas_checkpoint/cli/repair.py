@@ -8,10 +8,11 @@ import argparse
 import os
 from collections.abc import Callable
 
-from ..backends import LocalBackend, slots
-from ..crypto import SealedBackend, unwrap
-from ..refs import HEADS, thread_key
-from .common import OK, CliError, emit_json, open_store
+from cas_checkpoint.backends import LocalBackend
+from cas_checkpoint.backends import ref_slots as slots
+from cas_checkpoint.cli.common import OK, CliError, emit_json, open_store
+from cas_checkpoint.engine.encryption import SealedBackend, unwrap
+from cas_checkpoint.engine.refs import HEADS, thread_key
 
 
 def _slots(backend: LocalBackend, key: str) -> str:

@@ -55,10 +55,10 @@ from itertools import accumulate, chain, compress, count, repeat
 from operator import add, attrgetter, is_, is_not
 from typing import Any
 
-from ...codec import TypeRegistry, decode, encode_nested
-from ...scan import item_ends
-from ...shapes import array_header, map_header
-from ...tree import Encoded
+from cas_checkpoint.format.codec import TypeRegistry, decode, encode_nested
+from cas_checkpoint.tree.build import Encoded
+from cas_checkpoint.tree.cuts import item_ends
+from cas_checkpoint.tree.shapes import array_header, map_header
 
 KEYS = 256  # (thread, namespace) pairs remembered
 BUDGET = 16 * 1024 * 1024  # bytes of encodings remembered in all (the objects they are of

@@ -22,18 +22,18 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 
-from ...backends import Backend, open_backend_async
-from ...codec import TypeRegistry
-from ...core import Core
-from ...errors import InvalidArgumentError
-from ...ops import Step, arun, run
-from ...store import CheckpointStore
-from .encode import PutEncoder
-from .keys import _key, _target
-from .registry import _register_any, saver_registry, set_hooks
-from .schemas import Learned
-from .steps import RECENT
-from .walks import Walks
+from cas_checkpoint.backends import Backend, open_backend_async
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.steps import Step, arun, run
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.integrations.langgraph.encode import PutEncoder
+from cas_checkpoint.integrations.langgraph.keys import _key, _target
+from cas_checkpoint.integrations.langgraph.registry import _register_any, saver_registry, set_hooks
+from cas_checkpoint.integrations.langgraph.schemas import Learned
+from cas_checkpoint.integrations.langgraph.steps import RECENT
+from cas_checkpoint.integrations.langgraph.walks import Walks
+from cas_checkpoint.store import CheckpointStore
 
 log = logging.getLogger("cas_checkpoint")
 __all__ = ["RECENT", "CasSaver"]

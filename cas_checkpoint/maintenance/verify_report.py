@@ -1,0 +1,119 @@
+"""What ``verify`` reports: the problems it found and what it checked, as text or JSON. Pure
+code (``verify.py`` runs the audit).
+
+``VerifyReport.to_dict()`` / ``to_json()`` keys (stable): ``ok``, ``url``, ``deep``, ``sample``,
+``thread``, ``threads`` (refs read), ``checkpoints`` (distinct log entries), ``objects``
+(distinct objects reached), ``objects_hashed``, ``bytes_hashed``, ``by_kind``
+(``{"pack"|"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
+``unreachable_objects``, ``unreachable_bytes`` (packs no ref names; null for one thread),
+``seconds``, ``notes`` (states that are not damage, such as a local ref left with two valid
+slots by a writer stopped before it retired the older), ``problems`` (``[{"kind", "what",
+"object", "path", "detail", "threads", "checkpoints"}]``). Kinds: ``missing``; ``corrupt``
+(bytes do not hash to their name, or a ref's checksum fails, or a slot of a local ref is
+damaged); ``undecodable``; ``unreadable`` (the storage refused, or a ref is not a regular
+file); ``stray`` (an entry under ``refs/heads`` named as no thread's ref); ``dangling_ref`` (a
+head not in its log); ``mismatch`` (a ref, log entry, log peak or pack size disagrees with what
+it names); ``too_deep`` (deeper than the ``MAX_DEPTH`` levels a load follows: the object is the
+node where the bound is crossed); ``too_big`` (expands past a load's budget). ``what``: ``ref``,
+``pack``, ``segment``, ``record``, ``node``, or ``object`` (an unreached object of no known kind).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cas_checkpoint.humanize import human_bytes as _human
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: packs read and objects checked so far, of about ``total``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: str  # missing | corrupt | undecodable | unreadable | stray | dangling_ref | mismatch
+    #            | too_deep | too_big
+    what: str  # ref | pack | segment | record | node | object
+    object: str | None  # object or pack id, or the checkpoint id a ref names
+    path: str  # storage key under the store's root
+    detail: str
+    threads: tuple[str, ...] = ()  # threads this breaks
+    checkpoints: tuple[str, ...] = ()  # checkpoints whose record or state this breaks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "what": self.what, "object": self.object, "path": self.path,
+                "detail": self.detail, "threads": list(self.threads),
+                "checkpoints": list(self.checkpoints)}
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    url: str
+    deep: bool
+    sample: float | None
+    thread: str | None
+    problems: list[Problem] = field(default_factory=list)
+    threads: int = 0
+    checkpoints: int = 0
+    objects: int = 0  # distinct objects reached (segments, records, nodes)
+    objects_hashed: int = 0
+    bytes_hashed: int = 0
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    unreachable_objects: int | None = None  # packs no ref names (garbage for gc)
+    unreachable_bytes: int | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # not damage, but worth knowing
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def broken_checkpoints(self) -> set[str]:
+        return {c for p in self.problems for c in p.checkpoints}
+
+    def broken_threads(self) -> set[str]:
+        return {t for p in self.problems for t in p.threads}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "url": self.url, "deep": self.deep, "sample": self.sample,
+                "thread": self.thread, "threads": self.threads, "checkpoints": self.checkpoints,
+                "objects": self.objects, "objects_hashed": self.objects_hashed,
+                "bytes_hashed": self.bytes_hashed, "by_kind": self.by_kind,
+                "unreachable_objects": self.unreachable_objects,
+                "unreachable_bytes": self.unreachable_bytes, "seconds": round(self.seconds, 3),
+                "problems": [p.to_dict() for p in self.problems], "notes": list(self.notes)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_text(self) -> str:
+        mode = "deep" if self.deep else "quick"
+        if self.deep and self.sample is not None:
+            mode += f" (sample {self.sample:g})"
+        lines = [f"verify {self.url} ({mode}"
+                 + (f", thread {self.thread!r})" if self.thread is not None else ")"),
+                 f"  {self.threads} threads, {self.checkpoints} checkpoints, {self.objects} "
+                 f"objects reached in {self.by_kind.get('pack', {}).get('objects', 0)} packs; "
+                 f"{self.objects_hashed} hashed ({_human(self.bytes_hashed)}) in "
+                 f"{self.seconds:.2f} s"]
+        if self.unreachable_objects is not None:
+            lines.append(f"  unreachable (garbage for gc, not an error): "
+                         f"{self.unreachable_objects} packs, {_human(self.unreachable_bytes or 0)}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.ok:
+            return "\n".join([*lines, "OK: no problems found"])
+        lines.append(f"{len(self.problems)} PROBLEMS, breaking {len(self.broken_checkpoints())} "
+                     f"checkpoints in {len(self.broken_threads())} threads:")
+        for p in self.problems:
+            lines.append(f"  {p.kind} {p.what} {p.path}: {p.detail}")
+            if p.threads:
+                lines.append("    threads: " + ", ".join(repr(t) for t in p.threads))
+            if p.checkpoints:
+                lines.append(f"    checkpoints ({len(p.checkpoints)}): "
+                             + ", ".join(p.checkpoints))
+        return "\n".join(lines)
+
+
+__all__ = ["Problem", "Progress", "VerifyReport"]
