@@ -141,8 +141,8 @@ def test_a_store_made_again_under_the_same_name_is_read_afresh() -> None:
 
 def test_other_stores_and_encrypted_stores_share_nothing() -> None:
     a, b = CheckpointStore.open(_url()), CheckpointStore.open(_url())
-    assert a.backend.shared is not b.backend.shared
-    assert CheckpointStore.open(a.url).backend.shared is a.backend.shared
+    assert a._core.objects.shared is not b._core.objects.shared
+    assert CheckpointStore.open(a.url)._core.objects.shared is a._core.objects.shared
     key = Key.generate()
     sealed = CheckpointStore.open(_url(), encryption=key)
     _thread(sealed, 30)

@@ -53,7 +53,10 @@ class Backend(ABC):
 
     url: str
     concurrency: int = 16
-    shared: Any = None  # caches shared by store objects of this storage (``shared.py``)
+    # Capability: the bytes live in this process (memory://), the same for every store object
+    # over this storage, so store objects may share what they read and decoded. The scope names
+    # the store: (its filesystem object, its root); None: nothing is shared.
+    shared_scope: tuple[Any, str] | None = None
 
     @abstractmethod
     def get(self, key: str) -> bytes:

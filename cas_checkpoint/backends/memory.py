@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cas_checkpoint.backends.base import Backend, ObjectInfo, RefMismatch, T, _version
-from cas_checkpoint.engine import process_caches as shared
 from cas_checkpoint.errors import NotFoundError
 
 VERSIONS_KEPT = 1024  # refs whose version is remembered (under the class-wide lock)
@@ -33,7 +32,7 @@ class MemoryBackend(Backend):
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
         self._prefix = self.root.rstrip("/") + "/"  # "/" for the whole memory:// filesystem
-        self.shared = shared.for_store(fs, self.root)
+        self.shared_scope = (fs, self.root)
 
     def _path(self, key: str) -> str:
         return self._prefix + key

@@ -22,7 +22,7 @@ from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
-from cas_checkpoint.engine.process_caches import Shared
+from cas_checkpoint.engine.process_caches import Shared, for_store
 from cas_checkpoint.engine.steps import GetMany, PutMany, Sleep, Step
 from cas_checkpoint.errors import (
     CasError,
@@ -347,9 +347,11 @@ class ObjectStore:
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
         # packs shared by the store objects of one memory:// store (shared.py); never for an
         # encrypted store (a store object without the key must not read what another opened)
-        self.shared: Shared | None = backend.shared if self.keyring is None else None
+        scope = backend.shared_scope
+        self.shared: Shared | None = (
+            for_store(*scope) if scope is not None and self.keyring is None else None)
         self._settling = False  # a step is reading the settings now (see settle)
-        self.cache = PackCache(cache_bytes, None if self.shared is None else
+        self.cache: PackCache[Pack] = PackCache(cache_bytes, None if self.shared is None else
                                self.shared.drop_packs)  # (memory://: the shared ones too)
         self._cache = self.cache.packs  # (the packs by id, least recently used first)
         if cache_dir is not None:

@@ -19,23 +19,34 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from cas_checkpoint.format.heads import Head
 
-if TYPE_CHECKING:
-    from cas_checkpoint.engine.object_store import Pack
+
+class Cached(Protocol):
+    """What the cache needs of a pack (``object_store.Pack``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def data(self) -> memoryview: ...
+
+
+Pack = TypeVar("Pack", bound=Cached)
 
 OWNED_THREADS = 64  # threads whose newest head's packs are known (the threads in use)
 
 
-def held(pack: Pack) -> int:
+def held(pack: Cached) -> int:
     """The bytes a cached pack holds in memory: its plain body (a compressed pack's is bigger
     than the stored pack, by its compression ratio), or the stored bytes."""
     return max(pack.size, pack.data.nbytes)
 
 
-class PackCache:
+class PackCache(Generic[Pack]):
     """Packs by id, least recently used first, at most ``limit`` bytes (see the module)."""
 
     def __init__(self, limit: int, on_release: Callable[[list[str]], None] | None = None
