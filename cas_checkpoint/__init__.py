@@ -28,8 +28,14 @@ from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.verify_report import Problem, VerifyReport
 from cas_checkpoint.query.diff import Change, StateDiff
 from cas_checkpoint.query.search import Match, SearchResult
-from cas_checkpoint.store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
-from cas_checkpoint.transfer.copy import CopyReport, copy_threads
+from cas_checkpoint.store import (
+    Checkpoint,
+    CheckpointInfo,
+    CheckpointStore,
+    StoreStats,
+    copy_threads,
+)
+from cas_checkpoint.transfer.copy import CopyReport
 from cas_checkpoint.transfer.receive import BundleReport
 
 __all__ = [

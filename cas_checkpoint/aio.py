@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from cas_checkpoint.backends import Backend, backend_for, open_backend_async
+from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend_async
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core
@@ -43,8 +43,9 @@ from cas_checkpoint.query.diff import StateDiff
 from cas_checkpoint.query.diff import diff as diff_step
 from cas_checkpoint.query.search import SearchResult
 from cas_checkpoint.query.search import search as search_step
-from cas_checkpoint.store import check_open_args
-from cas_checkpoint.transfer import bundle
+from cas_checkpoint.transfer import bundle, copy
+from cas_checkpoint.transfer.copy import CopyReport
+from cas_checkpoint.transfer.receive import Progress as CopyProgress
 
 __all__ = ["AsyncCheckpointStore", "landed"]
 
@@ -77,6 +78,8 @@ class AsyncCheckpointStore:
     Open one with :meth:`open` (a directory path, ``memory://name``, ``s3://bucket/prefix``),
     inside the event loop that will use it. One store object serves any number of tasks at once.
     """
+
+    _copy = "acopy_threads"  # what copies between stores of this class
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
@@ -309,3 +312,11 @@ class AsyncCheckpointStore:
         """Logical against physical bytes, and per thread with ``by_thread=True`` (see
         ``CheckpointStore.stats``)."""
         return await self._run(self._core.stats(by_thread))
+
+
+async def acopy_threads(src: AsyncCheckpointStore, dst: AsyncCheckpointStore,
+                        threads: Iterable[str] | None = None, *,
+                        progress: CopyProgress | None = None) -> CopyReport:
+    """``copy_threads`` between two ``AsyncCheckpointStore``s (opened on this loop)."""
+    s, d = copy.cores(src, dst, AsyncCheckpointStore)
+    return await arun(copy.copy_step(s, d, threads, progress), d.backend)

@@ -9,7 +9,7 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from cas_checkpoint.backends import Backend, backend_for, open_backend
+from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core, log
@@ -27,21 +27,13 @@ from cas_checkpoint.query.diff import StateDiff
 from cas_checkpoint.query.diff import diff as diff_step
 from cas_checkpoint.query.search import SearchResult
 from cas_checkpoint.query.search import search as search_step
-from cas_checkpoint.transfer import bundle
+from cas_checkpoint.transfer import bundle, copy
+from cas_checkpoint.transfer.copy import CopyReport
+from cas_checkpoint.transfer.receive import Progress as CopyProgress
 
 __all__ = ["Checkpoint", "CheckpointInfo", "CheckpointStore", "StoreStats", "log"]
 
 T = TypeVar("T")
-
-
-def check_open_args(retries: object, timeout: object) -> None:
-    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
-                                or not 1 <= retries <= 100):
-        raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not 0 < timeout <= 86400):  # nan and inf are no bound
-        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
-                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 class _Blocking:
@@ -74,6 +66,8 @@ class CheckpointStore:
     Open one with :meth:`open` (a directory path, ``memory://name``, ``s3://bucket/prefix``) or
     build it from an fsspec filesystem and a root: ``CheckpointStore(fs, "bucket/prefix")``.
     """
+
+    _copy = "copy_threads"  # what copies between stores of this class
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
@@ -376,3 +370,16 @@ class CheckpointStore:
         fills ``by_thread`` (thread id -> ``ThreadStats``: checkpoints, messages, logical and
         physical bytes, dedup ratio), and reads each thread's head state to count messages."""
         return self._run(self._core.stats(by_thread))
+
+
+def copy_threads(src: CheckpointStore, dst: CheckpointStore,
+                 threads: Iterable[str] | None = None, *,
+                 progress: CopyProgress | None = None) -> CopyReport:
+    """Copy threads (all of them by default) from the store ``src`` into the store ``dst``,
+    each with its whole history, writing only the objects ``dst`` does not hold. Each thread's
+    ref is written last, so a copy killed half way leaves garbage at most (gc takes it) and
+    running it again finishes it, writing only what the first run did not. A thread that
+    exists in ``dst`` with another history raises ``ConflictError`` (threads before it are
+    copied)."""
+    s, d = copy.cores(src, dst, CheckpointStore)
+    return run(copy.copy_step(s, d, threads, progress), d.backend)

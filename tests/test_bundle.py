@@ -39,7 +39,7 @@ from cas_checkpoint import (
     NotFoundError,
     copy_threads,
 )
-from cas_checkpoint.aio import AsyncCheckpointStore
+from cas_checkpoint.aio import AsyncCheckpointStore, acopy_threads
 from cas_checkpoint.format.objects import object_id
 from cas_checkpoint.format.pack import decode_pack
 from cas_checkpoint.transfer import copy as copymod
@@ -352,7 +352,7 @@ def test_async_copy() -> None:
     async def go() -> CopyReport:
         a = await AsyncCheckpointStore.open(src.url)
         b = await AsyncCheckpointStore.open(f"memory://acopy-{uuid.uuid4().hex[:8]}")
-        got = await copymod.acopy_threads(a, b)
+        got = await acopy_threads(a, b)
         assert await b.threads() == ["a", "b"]
         with pytest.raises(InvalidArgumentError, match="acopy_threads"):
             copy_threads(src, b)

@@ -23,6 +23,17 @@ DEFAULT_TIMEOUT = 30.0  # seconds to connect, and to wait for each read, of one 
 ONE_ATTEMPT = {"mode": "standard", "total_max_attempts": 1}
 
 
+def check_open_args(retries: object, timeout: object) -> None:
+    """InvalidArgumentError unless ``retries`` and ``timeout`` are what ``open`` accepts."""
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
+                                or not 1 <= retries <= 100):
+        raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= 86400):  # nan and inf are no bound
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
+                                   f"(e.g. timeout=10), not {timeout!r}")
+
+
 def _target(url: str, storage_options: dict[str, Any] | None,
             timeout: float | None) -> tuple[str | None, str, dict[str, Any]]:
     """(protocol, path, filesystem options) of a store URL; protocol None: a local directory."""

@@ -19,7 +19,7 @@ from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.object_store import View
 from cas_checkpoint.engine.refs import thread_key
-from cas_checkpoint.engine.steps import Op, Step, run
+from cas_checkpoint.engine.steps import Op, Step
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import LogEntry, ObjectId, Record, decode_node
@@ -202,37 +202,14 @@ def copy_step(src: Core, dst: Core, threads: Iterable[str] | None,
     return out
 
 
-def _cores(src: Any, dst: Any, want_async: bool) -> tuple[Core, Core]:
-    from cas_checkpoint.aio import AsyncCheckpointStore
-    from cas_checkpoint.store import CheckpointStore
-
-    kind = AsyncCheckpointStore if want_async else CheckpointStore
+def cores(src: Any, dst: Any, face: type) -> tuple[Core, Core]:
+    """The engines of ``src`` and ``dst``, two store objects of the class ``face``;
+    InvalidArgumentError otherwise, naming the copy function of the other face when a store is
+    of that one (each face names its own in ``_copy``)."""
     for store, what in ((src, "src"), (dst, "dst")):
-        if not isinstance(store, kind):
-            other = "acopy_threads" if not want_async else "copy_threads"
+        if not isinstance(store, face):
+            other = getattr(type(store), "_copy", None)
             raise InvalidArgumentError(
-                f"{what} must be a {kind.__name__}, not {type(store).__name__}"
-                + (f" (use {other} for that kind)" if isinstance(
-                    store, (CheckpointStore, AsyncCheckpointStore)) else ""))
+                f"{what} must be a {face.__name__}, not {type(store).__name__}"
+                + (f" (use {other} for that kind)" if isinstance(other, str) else ""))
     return src._core, dst._core
-
-
-def copy_threads(src: Any, dst: Any, threads: Iterable[str] | None = None, *,
-                 progress: Progress | None = None) -> CopyReport:
-    """Copy threads (all of them by default) from the store ``src`` into the store ``dst``,
-    each with its whole history, writing only the objects ``dst`` does not hold. Each thread's
-    ref is written last, so a copy killed half way leaves garbage at most (gc takes it) and
-    running it again finishes it, writing only what the first run did not. A thread that
-    exists in ``dst`` with another history raises ``ConflictError`` (threads before it are
-    copied)."""
-    s, d = _cores(src, dst, False)
-    return run(copy_step(s, d, threads, progress), d.backend)
-
-
-async def acopy_threads(src: Any, dst: Any, threads: Iterable[str] | None = None, *,
-                        progress: Progress | None = None) -> CopyReport:
-    """``copy_threads`` between two ``AsyncCheckpointStore``s (opened on this loop)."""
-    from cas_checkpoint.engine.steps import arun
-
-    s, d = _cores(src, dst, True)
-    return await arun(copy_step(s, d, threads, progress), d.backend)
