@@ -38,6 +38,7 @@ from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
 from cas_checkpoint.query.diff import StateDiff
 from cas_checkpoint.query.diff import diff as diff_step
@@ -125,6 +126,7 @@ class AsyncCheckpointStore:
 
     def _init(self, core: Core) -> None:
         self._core = core
+        self._upkeep = Maintenance(core)
         self.backend: Backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
@@ -249,28 +251,28 @@ class AsyncCheckpointStore:
                      thread_id: str | None = None,
                      progress: Progress | None = None) -> VerifyReport:
         """Audit the store (see ``CheckpointStore.verify``)."""
-        return await self._run(self._core.verify(deep=deep, sample=sample,
+        return await self._run(self._upkeep.verify(deep=deep, sample=sample,
                                                  thread_id=thread_id, progress=progress))
 
     async def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
                     older_than: timedelta | None = None, keep_labeled: bool = True,
                     keep_tags: Iterable[str] = (), dry_run: bool = False) -> PruneReport:
         """Drop checkpoints from threads' logs (see ``CheckpointStore.prune``)."""
-        return await self._run(self._core.prune(thread_id, keep_last=keep_last,
+        return await self._run(self._upkeep.prune(thread_id, keep_last=keep_last,
                                                 older_than=older_than, keep_labeled=keep_labeled,
                                                 keep_tags=keep_tags, dry_run=dry_run))
 
     async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                      dry_run: bool = False) -> RepackReport:
         """Rewrite packs that hold mostly garbage (see ``CheckpointStore.repack``)."""
-        return await self._run(self._core.repack(thread_id, min_garbage=min_garbage,
+        return await self._run(self._upkeep.repack(thread_id, min_garbage=min_garbage,
                                                  dry_run=dry_run))
 
     async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
                  progress: gcmod.GCProgress | None = None, force: bool = False,
                  repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
-        return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
+        return await self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
                                              force=force, repack=repack,
                                              min_garbage=min_garbage))
 
@@ -306,12 +308,12 @@ class AsyncCheckpointStore:
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
-        return await self._run(self._core.storage_bytes())
+        return await self._run(self._upkeep.storage_bytes())
 
     async def stats(self, *, by_thread: bool = False) -> StoreStats:
         """Logical against physical bytes, and per thread with ``by_thread=True`` (see
         ``CheckpointStore.stats``)."""
-        return await self._run(self._core.stats(by_thread))
+        return await self._run(self._upkeep.stats(by_thread))
 
 
 async def acopy_threads(src: AsyncCheckpointStore, dst: AsyncCheckpointStore,

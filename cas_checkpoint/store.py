@@ -22,6 +22,7 @@ from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
 from cas_checkpoint.query.diff import StateDiff
 from cas_checkpoint.query.diff import diff as diff_step
@@ -149,6 +150,7 @@ class CheckpointStore:
 
     def _init(self, core: Core) -> None:
         self._core = core
+        self._upkeep = Maintenance(core)
         self.backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
@@ -279,7 +281,7 @@ class CheckpointStore:
         every object no checkpoint reaches (or a random ``sample`` fraction of them). Problems
         name the threads and checkpoints they break; ``report.ok``, ``report.to_text()``,
         ``report.to_json()``."""
-        return self._run(self._core.verify(deep=deep, sample=sample, thread_id=thread_id,
+        return self._run(self._upkeep.verify(deep=deep, sample=sample, thread_id=thread_id,
                                            progress=progress))
 
     # --- retention and garbage collection (gc.py) ---
@@ -293,7 +295,7 @@ class CheckpointStore:
         (tags alone keep nothing unless listed). ``report.reasons`` counts what each rule kept.
         Refs only, by compare-and-swap (a concurrent save is never lost); no object is deleted
         until repack() and gc()."""
-        return self._run(self._core.prune(thread_id, keep_last=keep_last, older_than=older_than,
+        return self._run(self._upkeep.prune(thread_id, keep_last=keep_last, older_than=older_than,
                                           keep_labeled=keep_labeled, keep_tags=keep_tags,
                                           dry_run=dry_run))
 
@@ -304,7 +306,7 @@ class CheckpointStore:
         rewind or delete), keeping only what its checkpoints reach. The old packs become
         garbage: ``gc()`` deletes them once they are older than its grace. Safe while others
         save (compare-and-swap)."""
-        return self._run(self._core.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
+        return self._run(self._upkeep.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
            progress: gcmod.GCProgress | None = None, force: bool = False,
@@ -315,7 +317,7 @@ class CheckpointStore:
         first ``repack(min_garbage=...)`` every thread (``report.repack``); a dry run then
         counts as if that repack had been done, so it predicts what the run deletes. Every
         argument is checked before anything changes."""
-        return self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
+        return self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
                                        force=force, repack=repack, min_garbage=min_garbage))
 
     # --- moving threads between stores (bundle.py, copy.py) ---
@@ -362,14 +364,14 @@ class CheckpointStore:
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
-        return self._run(self._core.storage_bytes())
+        return self._run(self._upkeep.storage_bytes())
 
     def stats(self, *, by_thread: bool = False) -> StoreStats:
         """Logical bytes (every checkpoint's state, as if stored whole) against physical bytes
         stored. Reads the refs and lists the objects; reads no state. ``by_thread=True`` also
         fills ``by_thread`` (thread id -> ``ThreadStats``: checkpoints, messages, logical and
         physical bytes, dedup ratio), and reads each thread's head state to count messages."""
-        return self._run(self._core.stats(by_thread))
+        return self._run(self._upkeep.stats(by_thread))
 
 
 def copy_threads(src: CheckpointStore, dst: CheckpointStore,

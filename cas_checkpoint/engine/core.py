@@ -47,7 +47,6 @@ from cas_checkpoint.format.objects import (
     inlinable,
     object_id,
 )
-from cas_checkpoint.maintenance.upkeep import Upkeep
 from cas_checkpoint.tree import build as tree
 
 log = logging.getLogger("cas_checkpoint")
@@ -58,7 +57,7 @@ CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at mos
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
-class Core(Upkeep):
+class Core:
     """What a store object holds, and its operations as steps."""
 
     def __init__(self, backend: Backend, types: Iterable[type] | TypeRegistry,
@@ -183,6 +182,11 @@ class Core(Upkeep):
 
     # --- reading ---
 
+    def forget_thread(self, thread_id: str, ref_only: bool = False) -> None:
+        """Drop what this object remembers of ``thread_id`` (its ref only, with ``ref_only``):
+        maintenance changed the thread's ref or packs."""
+        self._threads.forget(thread_id, ref_only=ref_only)
+
     def ref(self, thread_id: str) -> Step[Ref]:
         ref = yield from self.refs.read(thread_id)
         if ref is None or ref.head.head is None:
@@ -219,7 +223,7 @@ class Core(Upkeep):
                                          codec.decode(warm[1], types=self.types))
                 break
             try:
-                cp = yield from self._load_ref(thread_id, ref, cid)
+                cp = yield from self.load_ref(thread_id, ref, cid)
                 break
             except NotFoundError:
                 # A pack merged away and collected since we read the ref? Read it again. Only
@@ -239,7 +243,7 @@ class Core(Upkeep):
                   (time.perf_counter() - t0) * 1000)
         return cp
 
-    def _load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
+    def load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
                   ) -> Step[Checkpoint]:
         head = ref.head
         cid = head.head if checkpoint_id is None else checkpoint_id
@@ -292,7 +296,7 @@ class Core(Upkeep):
         ``diff.py``, which reads the nodes of two checkpoints through these views.)"""
         wanted = set(checkpoint_ids)
         out: dict[CheckpointId, View] = {}
-        heads = [r.head for _, r in (yield from self._refs()) if r is not None]
+        heads = [r.head for _, r in (yield from self.all_refs()) if r is not None]
         views: list[View] = []
         damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
         # damaged log does not hide the others)
@@ -320,7 +324,7 @@ class Core(Upkeep):
                 raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
         return out
 
-    def _refs(self) -> Step[list[tuple[str, Ref | None]]]:
+    def all_refs(self) -> Step[list[tuple[str, Ref | None]]]:
         """Every thread and its ref (read concurrently)."""
         threads = yield from self.refs.threads()
         keys = [thread_key(t) for t in threads]

@@ -1,22 +1,22 @@
 """The store's maintenance, as steps: verify, prune, repack, gc and the sizes (storage bytes,
-stats). A part of ``Core`` (``core.py``), over the refs and objects a store object holds."""
+stats), over the engine (``Core``) of a store object: what both faces drive."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.engine import retention
-from cas_checkpoint.engine.caches import Threads
-from cas_checkpoint.engine.model import Checkpoint, StoreStats
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.model import StoreStats
 from cas_checkpoint.engine.object_store import ObjectStore
 from cas_checkpoint.engine.refs import Ref, RefStore
 from cas_checkpoint.engine.steps import List, Step
 from cas_checkpoint.errors import InvalidArgumentError
-from cas_checkpoint.format.objects import CheckpointId, LogEntry
+from cas_checkpoint.format.objects import LogEntry
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import repack as repackmod
 from cas_checkpoint.maintenance import stats as usage
@@ -27,19 +27,14 @@ from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
 log = logging.getLogger("cas_checkpoint")
 
 
-class Upkeep:
-    """``Core``'s maintenance steps (``Core`` holds what they use)."""
+class Maintenance:
+    """The maintenance steps of the store object whose engine is ``core``."""
 
-    backend: Backend
-    objects: ObjectStore
-    refs: RefStore
-    _threads: Threads
-
-    if TYPE_CHECKING:
-        def ref(self, thread_id: str) -> Step[Ref]: ...
-        def _refs(self) -> Step[list[tuple[str, Ref | None]]]: ...
-        def _load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
-                      ) -> Step[Checkpoint]: ...
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.backend: Backend = core.backend
+        self.objects: ObjectStore = core.objects
+        self.refs: RefStore = core.refs
 
     # --- audit, retention, garbage collection ---
 
@@ -52,7 +47,7 @@ class Upkeep:
     def _targets(self, thread_id: str | None) -> Step[list[str]]:
         if thread_id is None:
             return (yield from self.refs.threads())
-        yield from self.ref(thread_id)
+        yield from self.core.ref(thread_id)
         return [thread_id]
 
     def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
@@ -65,7 +60,7 @@ class Upkeep:
                                         older_than=older_than, keep_labeled=keep_labeled,
                                         dry_run=dry_run, keep_tags=keep_tags)
         for t in report.threads:
-            self._threads.forget(t, ref_only=True)
+            self.core.forget_thread(t, ref_only=True)
         if report.removed:
             log.info("prune %s", report.to_text().replace("\n", "; "))
         return report
@@ -77,7 +72,7 @@ class Upkeep:
                                              dry_run=dry_run)
         for t in report.threads:
             if t.repacked:
-                self._threads.forget(t.thread_id)
+                self.core.forget_thread(t.thread_id)
         log.info("%s", report.to_text())
         return report
 
@@ -111,7 +106,7 @@ class Upkeep:
             raise InvalidArgumentError(f"by_thread must be True or False, not {by_thread!r}")
         sizes: dict[str, int] = {}
         logs: dict[str, list[LogEntry]] = {}
-        threads = yield from self._refs()
+        threads = yield from self.core.all_refs()
         for thread, ref in threads:
             if ref is not None:
                 logs[thread] = yield from self.refs.entries(ref.head)
@@ -122,7 +117,7 @@ class Upkeep:
         logical = sum(sizes.values())
 
         def head_state(thread: str, ref: Ref) -> Step[Any]:
-            return (yield from self._load_ref(thread, ref, None)).state
+            return (yield from self.core.load_ref(thread, ref, None)).state
 
         per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
                ) if by_thread else {}

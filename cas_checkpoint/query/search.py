@@ -138,7 +138,7 @@ def search(core: Core, query: str, *, regex: bool = False, thread_id: str | None
     if progress is not None and not callable(progress):
         raise InvalidArgumentError("progress must be a callable progress(done, total) or None")
     if thread_id is None:
-        pairs = [(t, r.head) for t, r in (yield from core._refs())
+        pairs = [(t, r.head) for t, r in (yield from core.all_refs())
                  if r is not None and r.head.head is not None]
     else:
         pairs = [(thread_id, (yield from core.ref(thread_id)).head)]
