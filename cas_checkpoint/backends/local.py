@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
+from cas_checkpoint.backends import local_trash
 from cas_checkpoint.backends import ref_slots as slots
 from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
 from cas_checkpoint.errors import FormatError, IntegrityError, NotFoundError, StorageError
@@ -54,6 +55,8 @@ def _holder(fd: int) -> str:
 
 class LocalBackend(Backend):
     """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
+
+    exact_mtimes = atomic_delete = housekeeping = True
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -506,6 +509,16 @@ class LocalBackend(Backend):
             except OSError as exc:
                 raise StorageError(f"cannot delete {key} in {self.root}: {exc}") from exc
         return []
+
+    def delete_unless_touched(self, infos: builtins.list[ObjectInfo],
+                              cutoff: float) -> builtins.list[bool]:
+        return local_trash.delete_unless_touched(self, infos, cutoff)
+
+    def restore_trash(self) -> None:
+        local_trash.restore_trash(self)
+
+    def delete_stale_temps(self, cutoff: float, dry_run: bool) -> int:
+        return local_trash.delete_stale_temps(self, cutoff, dry_run)  # type: ignore[no-any-return]
 
     def stale_temps(self, before: float) -> builtins.list[tuple[str, int]]:
         """(path, size) of temp files under ``packs/`` and ``refs/`` last modified before

@@ -19,6 +19,7 @@ VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time
 class MemoryBackend(Backend):
     """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
 
+    exact_mtimes = atomic_delete = True
     _lock = threading.Lock()
     # the version of each ref as last written or read, with its bytes (a ref is compared with
     # them, a memcmp, instead of being hashed again: a save reads its ref's version, then writes)
@@ -181,3 +182,26 @@ class MemoryBackend(Backend):
 
     async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         return self.delete_many(keys)
+
+    def delete_unless_touched(self, infos: builtins.list[ObjectInfo],
+                              cutoff: float) -> builtins.list[bool]:
+        """Each of ``infos`` still older than ``cutoff`` deleted, under the lock that writers
+        take to put or refresh an object."""
+        out = []
+        with self._lock:
+            for info in infos:
+                path = self._path(info.key)
+                f = self.fs.store.get(path)
+                if f is None or _mtime(f) >= cutoff:
+                    out.append(False)
+                    continue
+                self.fs.rm_file(path)
+                out.append(True)
+        return out
+
+
+def _mtime(f: Any) -> float:
+    when = getattr(f, "modified", None) or getattr(f, "created", None)
+    if isinstance(when, datetime):
+        return when.timestamp()
+    return datetime.now(UTC).timestamp()

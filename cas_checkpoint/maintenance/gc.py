@@ -27,20 +27,15 @@ The residual risks are written down in the README ("How GC stays safe").
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from cas_checkpoint.backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
+from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.engine.encryption import unwrap
 from cas_checkpoint.engine.object_store import PREFIX, key_pack_id, pack_key
 from cas_checkpoint.engine.refs import HEADS, is_thread_key
@@ -75,7 +70,6 @@ GCProgress = Callable[[str, int, int], None]
 PREFIXES = [f"{PREFIX}/{i:02x}" for i in range(256)]
 DELETE_BATCH = 1000  # S3 DeleteObjects takes up to 1,000 keys
 REF_ROUNDS = 4  # re-reads of the refs after listing, until no ref changed
-TRASH_STALE = 600.0  # seconds: a trash folder this old was left by a gc that died
 MIN_S3_GRACE = 1.0  # S3 LastModified has a resolution of one second
 
 
@@ -279,8 +273,7 @@ def check_grace(backend: Backend, grace: object, force: object) -> float:
         raise InvalidArgumentError(f"force must be True or False, not {force!r}")
     g = grace.total_seconds()
     backend = unwrap(backend)
-    exact = isinstance(backend, (LocalBackend, MemoryBackend))
-    if not exact and g < MIN_S3_GRACE and not force:
+    if not backend.exact_mtimes and g < MIN_S3_GRACE and not force:
         raise InvalidArgumentError(
             f"grace={g:g} s is below the 1-second resolution of modified times on {backend.url}, "
             "so gc could delete an object a writer is about to commit; use a grace of at least "
@@ -308,8 +301,8 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
     c = _Collector(backend, report, progress, repacked)
-    if isinstance(backend, LocalBackend):
-        yield Blocking(_recover_trash, (backend,))
+    if backend.housekeeping:
+        yield Blocking(backend.restore_trash)
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
     c.mark_heads((yield from c.read_refs()))
     listed = yield from c.list_objects()
@@ -336,14 +329,12 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
             candidates.append(info)
     if dry_run:
         deleted = candidates
-    elif isinstance(backend, LocalBackend):
-        deleted = yield from sweep_local(backend, candidates, cutoff, c)
-    elif isinstance(backend, MemoryBackend):
-        deleted = yield from sweep_memory(backend, candidates, cutoff, c)
+    elif backend.atomic_delete:
+        deleted = yield from sweep_atomic(backend, candidates, cutoff, c)
     else:
         deleted = yield from sweep_listed(backend, candidates, cutoff, c)
-    if isinstance(backend, LocalBackend):
-        report.temp_files = yield Blocking(_sweep_temps, (backend, cutoff, dry_run))
+    if backend.housekeeping:
+        report.temp_files = yield Blocking(backend.delete_stale_temps, (cutoff, dry_run))
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)
@@ -355,172 +346,16 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
 # --- the final check, per storage --------------------------------------------------------------
 
 
-def _local_path(backend: LocalBackend, key: str) -> str:
-    return os.path.join(backend.root, *key.split("/"))
-
-
-def _housekeeping(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A local housekeeping step (its first argument the backend) whose OSError becomes a
-    StorageError saying what was wrong and what to do."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def run_it(backend: LocalBackend, *args: Any) -> Any:
-            try:
-                return fn(backend, *args)
-            except OSError as exc:
-                raise housekeeping_error(backend, what, exc) from exc
-        return run_it
-    return wrap
-
-
-def housekeeping_error(backend: LocalBackend, what: str, exc: OSError) -> StorageError:
-    gc_dir = os.path.join(backend.root, "gc")
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        todo = ("this process has run out of file descriptors: raise its limit (`ulimit -n`) "
-                "or let it close files")
-    elif exc.errno in (errno.ENOTDIR, errno.EEXIST) and not os.path.isdir(gc_dir):
-        todo = (f"{gc_dir} must be a folder (gc keeps its clock probe and trash there) and is "
-                "not: move it away")
-    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        todo = "the disk is full: free some space"
-    else:
-        todo = f"check the permissions of {backend.root}"
-    return StorageError(f"gc could not {what} ({exc.strerror or exc}: {exc.filename or gc_dir}); "
-                        f"{todo}, then run gc again (objects it moved aside are put back by the "
-                        "next run)")
-
-
-@_housekeeping("delete writers' stale temp files")
-def _sweep_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
-    """Delete temp files older than the grace: no live writer holds one that long. Blocking."""
-    stale = backend.stale_temps(cutoff)
-    for path, _size in [] if dry_run else stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    return len(stale)
-
-
-@_housekeeping("put back what an earlier gc left in its trash")
-def _recover_trash(backend: LocalBackend) -> None:
-    """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
-    safe; the next gc deletes it again). Blocking."""
-    gc_dir = os.path.join(backend.root, "gc")
-    try:
-        names = os.listdir(gc_dir)
-    except FileNotFoundError:
-        return
-    for name in names:
-        folder = os.path.join(gc_dir, name)
-        try:
-            if not name.startswith("trash-") or time.time() - os.stat(folder).st_mtime < \
-                    TRASH_STALE:
-                continue
-            for f in os.listdir(folder):
-                src = os.path.join(folder, f)
-                key = f"{PREFIX}/{f[:2]}/{f[2:]}"
-                if key_pack_id(key) is not None:
-                    try:
-                        os.link(src, _local_path(backend, key))
-                    except FileExistsError:
-                        pass
-                os.unlink(src)
-            os.rmdir(folder)
-        except FileNotFoundError:
-            continue
-
-
-def sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
-                c: _Collector) -> Step[list[ObjectInfo]]:
-    """Rename each candidate into a trash folder, then look at its modified time: a writer
-    that refreshed it before the rename moved it, so it goes back; a writer that comes after
-    the rename finds no file to refresh and writes the object again. Each batch is one
-    ``Blocking`` request."""
-    if not candidates:
-        return []
-    trash = os.path.join(backend.root, "gc", f"trash-{os.getpid()}-{secrets.token_hex(4)}")
-    yield Blocking(_make_trash, (backend, trash))
-    deleted: list[ObjectInfo] = []
-    try:
-        for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
-            gone = yield Blocking(_trash_batch, (backend, trash, batch, cutoff))
-            deleted += [i for i, ok in zip(batch, gone, strict=True) if ok]
-            c.req["delete"] += len(batch)
-            c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
-    except OSError as exc:
-        raise housekeeping_error(backend, "remove objects", exc) from exc
-    yield Blocking(_drop_trash, (backend, trash))
-    return deleted
-
-
-@_housekeeping("make its trash folder")
-def _make_trash(backend: LocalBackend, trash: str) -> None:
-    os.makedirs(trash)
-
-
-@_housekeeping("remove its trash folder")
-def _drop_trash(backend: LocalBackend, trash: str) -> None:
-    os.rmdir(trash)
-
-
-def _trash_batch(backend: LocalBackend, trash: str, batch: list[ObjectInfo],
-                 cutoff: float) -> list[bool]:
-    """``sweep_local``'s rename, check and unlink of each of ``batch`` (True: deleted), on a
-    small thread pool. Blocking."""
-
-    def one(info: ObjectInfo) -> bool:
-        src = _local_path(backend, info.key)
-        dst = os.path.join(trash, info.key.split("/", 1)[1].replace("/", ""))
-        try:
-            os.rename(src, dst)
-        except FileNotFoundError:
-            return False  # gone already (another gc)
-        if os.stat(dst).st_mtime >= cutoff:  # refreshed between the listing and the rename
-            try:
-                os.link(dst, src)
-                LocalBackend._fsync_dir(os.path.dirname(src))
-            except FileExistsError:
-                pass  # a writer wrote it again meanwhile
-            os.unlink(dst)
-            return False
-        os.unlink(dst)
-        return True
-
-    with ThreadPoolExecutor(8) as pool:
-        return list(pool.map(one, batch))
-
-
-def _memory_mtime(f: Any) -> float:
-    when = getattr(f, "modified", None) or getattr(f, "created", None)
-    if isinstance(when, datetime):
-        return when.timestamp()
-    return datetime.now(UTC).timestamp()
-
-
-def sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
+def sweep_atomic(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
                  c: _Collector) -> Step[list[ObjectInfo]]:
-    """Check and delete under the lock that writers take to put or refresh an object (a batch
-    at a time, each one ``Blocking`` request)."""
+    """Storage that deletes atomically against writers (``Backend.atomic_delete``: local,
+    memory://): ``delete_unless_touched`` a batch at a time, each one ``Blocking`` request."""
     deleted: list[ObjectInfo] = []
     for n, batch in enumerate(_chunks(candidates, DELETE_BATCH)):
-        deleted += yield Blocking(_memory_delete, (backend, batch, cutoff))
+        gone = yield Blocking(backend.delete_unless_touched, (batch, cutoff))
+        deleted += [i for i, ok in zip(batch, gone, strict=True) if ok]
         c.req["delete"] += len(batch)
         c.progress("sweep", n * DELETE_BATCH + len(batch), len(candidates))
-    return deleted
-
-
-def _memory_delete(backend: MemoryBackend, batch: list[ObjectInfo],
-                   cutoff: float) -> list[ObjectInfo]:
-    """The objects of ``batch`` still older than ``cutoff``, deleted under the writers' lock."""
-    deleted: list[ObjectInfo] = []
-    with backend._lock:
-        for info in batch:
-            path = f"{backend.root}/{info.key}"
-            f = backend.fs.store.get(path)
-            if f is None or _memory_mtime(f) >= cutoff:
-                continue
-            backend.fs.rm_file(path)
-            deleted.append(info)
     return deleted
 
 
@@ -553,14 +388,9 @@ def sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
 # The final checks run by the sync driver, for tests and tools that drive one by hand.
 
 
-def _sweep_local(backend: LocalBackend, candidates: list[ObjectInfo], cutoff: float,
-                 c: _Collector) -> list[ObjectInfo]:
-    return run(sweep_local(backend, candidates, cutoff, c), backend)
-
-
-def _sweep_memory(backend: MemoryBackend, candidates: list[ObjectInfo], cutoff: float,
+def _sweep_atomic(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
                   c: _Collector) -> list[ObjectInfo]:
-    return run(sweep_memory(backend, candidates, cutoff, c), backend)
+    return run(sweep_atomic(backend, candidates, cutoff, c), backend)
 
 
 def _sweep_listed(backend: Backend, candidates: list[ObjectInfo], cutoff: float,
