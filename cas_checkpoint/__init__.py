@@ -7,7 +7,6 @@
     {'messages': ['hi'], 'step': 1}
 """
 
-from cas_checkpoint.engine.encryption import Key
 from cas_checkpoint.engine.model import ThreadStats
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.errors import (
@@ -23,6 +22,7 @@ from cas_checkpoint.errors import (
 )
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.format.objects import CheckpointId, ObjectId
+from cas_checkpoint.format.sealing import Key
 from cas_checkpoint.maintenance.gc import GCReport
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.verify_report import Problem, VerifyReport

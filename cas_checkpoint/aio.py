@@ -25,16 +25,23 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend_async
+from cas_checkpoint.backends import (
+    Backend,
+    backend_for,
+    check_open_args,
+    open_backend_async,
+    sealed,
+)
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core
-from cas_checkpoint.engine.encryption import Encryption
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, arun, landed
 from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format import sealing
 from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -108,14 +115,14 @@ class AsyncCheckpointStore:
         backend = await open_backend_async(url, dict(storage_options or {}),
                                            allow_unsafe=allow_unsafe, retries=retries,
                                            timeout=timeout, create=create)
-        ring = crypto.Keyring.of(encryption)
+        ring = sealing.Keyring.of(encryption)
         if ring is not None:
-            backend = crypto.SealedBackend(backend, ring)
+            backend = sealed.SealedBackend(backend, ring)
         store = cls.__new__(cls)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
         try:
-            if isinstance(backend, crypto.SealedBackend):
+            if isinstance(backend, sealed.SealedBackend):
                 await store._run(crypto.opening(url, store._core.objects, backend, create))
             else:
                 await store._run(marker.opening(url, store._core.objects, create))
@@ -300,7 +307,7 @@ class AsyncCheckpointStore:
     async def rekey(self) -> dict[str, Any]:
         """``CheckpointStore.rekey``."""
         backend = self.backend
-        if not isinstance(backend, crypto.SealedBackend):
+        if not isinstance(backend, sealed.SealedBackend):
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "AsyncCheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()

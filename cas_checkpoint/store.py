@@ -9,16 +9,17 @@ from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend
+from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend, sealed
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core, log
-from cas_checkpoint.engine.encryption import Encryption
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, run
 from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format import sealing
 from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -112,16 +113,16 @@ class CheckpointStore:
         ``encryption="keyless"`` opens it for ``gc`` and ``verify(deep=False)`` only."""
         check_open_args(retries, timeout)
         settings = marker.Settings.of(compression, compression_level)
-        ring = crypto.Keyring.of(encryption)
+        ring = sealing.Keyring.of(encryption)
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         backend = open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe,
                                retries=retries, timeout=timeout, create=create)
         if ring is not None:
-            backend = crypto.SealedBackend(backend, ring)
+            backend = sealed.SealedBackend(backend, ring)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
-        if isinstance(backend, crypto.SealedBackend):
+        if isinstance(backend, sealed.SealedBackend):
             store._run(crypto.opening(url, store._core.objects, backend, create))
         else:
             store._run(marker.opening(url, store._core.objects, create))
@@ -356,7 +357,7 @@ class CheckpointStore:
         Returns a report: ``threads``, ``packs_rewritten``, ``bytes_written``, ``key_id``,
         ``retired_key_ids``."""
         backend = self.backend
-        if not isinstance(backend, crypto.SealedBackend):
+        if not isinstance(backend, sealed.SealedBackend):
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "CheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()

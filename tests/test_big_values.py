@@ -153,9 +153,10 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
     what was just compressed or sealed), and reads back the same from storage."""
     from cas_checkpoint.engine import encryption as crypto
     from cas_checkpoint.format import pack as packfile
+    from cas_checkpoint.format import sealing
 
     calls: list[str] = []
-    real_decompress, real_open = packfile._decompress, crypto.open_sealed_pack
+    real_decompress, real_open = packfile._decompress, sealing.open_sealed_pack
 
     def decompress(*a: Any) -> None:
         calls.append("decompress")

@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cas_checkpoint import CheckpointStore, FormatError, IntegrityError, InvalidArgumentError, Key
-from cas_checkpoint.engine.encryption import (
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format import untrusted
+from cas_checkpoint.format.sealing import (
     DamagedKeyId,
     Keyring,
     open_sealed_pack,
     seal_head,
     seal_pack,
 )
-from cas_checkpoint.engine.refs import thread_key
-from cas_checkpoint.format import untrusted
 from cas_checkpoint.transfer.bundle import MAGIC
 
 ROOT = Path(__file__).resolve().parent.parent

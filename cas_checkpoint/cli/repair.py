@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from cas_checkpoint.backends import LocalBackend
 from cas_checkpoint.backends import ref_slots as slots
+from cas_checkpoint.backends.sealed import SealedBackend, unwrap
 from cas_checkpoint.cli.common import OK, CliError, emit_json, open_store
-from cas_checkpoint.engine.encryption import SealedBackend, unwrap
 from cas_checkpoint.engine.refs import HEADS, thread_key
 
 

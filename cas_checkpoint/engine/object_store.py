@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from cas_checkpoint.backends import Backend
+from cas_checkpoint.backends import Backend, sealed
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
@@ -31,6 +31,7 @@ from cas_checkpoint.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from cas_checkpoint.format import sealing
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import (
     ObjectId,
@@ -162,7 +163,7 @@ class Pack:
 
 
 def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
-               keys: crypto.Keyring | None = None) -> Pack:
+               keys: sealing.Keyring | None = None) -> Pack:
     """A pack from its stored bytes: hashed against its name (unless this process just built
     it: ``trusted``), decrypted if it is encrypted (with ``keys``), then its index decoded. A
     key-less keyring gets an encrypted pack with an empty index (its name checked, nothing
@@ -171,10 +172,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
     size = len(data)
-    if keys is not None and crypto.is_sealed_pack(data):
+    if keys is not None and sealing.is_sealed_pack(data):
         if keys.keyless and bytes(data[6:14]).hex() not in keys.keys:
             return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
-        data = crypto.open_sealed_pack(data, keys, pack_key(pid))
+        data = sealing.open_sealed_pack(data, keys, pack_key(pid))
     try:
         view, index = open_pack(data)
     except FormatError as exc:
@@ -342,8 +343,8 @@ class ObjectStore:
         self.wanted: marker.Settings | None = None  # what the opener asked for (None: any)
         self.settings: marker.Settings | None = None  # the store's, once read (first write)
         self.compressor: Zstd | None = None  # by the settings (None until they are read)
-        self.keyring: crypto.Keyring | None = (  # an encrypted store's keys (crypto.py)
-            backend.ring if isinstance(backend, crypto.SealedBackend) else None)
+        self.keyring: sealing.Keyring | None = (  # an encrypted store's keys (crypto.py)
+            backend.ring if isinstance(backend, sealed.SealedBackend) else None)
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
         # packs shared by the store objects of one memory:// store (shared.py); never for an
         # encrypted store (a store object without the key must not read what another opened)
@@ -369,7 +370,7 @@ class ObjectStore:
             self._settling = True
             try:
                 settings = yield from self._settings(write=True)
-                if self.keyring is not None and isinstance(self.backend, crypto.SealedBackend):
+                if self.keyring is not None and isinstance(self.backend, sealed.SealedBackend):
                     yield from crypto.record_writer(self.keyring, settings, self.backend.names)
                 self.adopt(settings)
             finally:  # (also when the step fails or is closed: the next caller tries again)
@@ -410,14 +411,14 @@ class ObjectStore:
             return self.compressor
         return self.packer((yield from self.current()))
 
-    def sealer(self) -> crypto.Key | None:
+    def sealer(self) -> sealing.Key | None:
         """The key new packs are sealed with (None: a plain store)."""
         return None if self.keyring is None else self.keyring.write_key()
 
     def parse(self, pid: str, data: bytes, *, trusted: bool = False) -> Pack:
         """``parse_pack`` with this store's keys (remembering which key sealed the pack)."""
         pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring)
-        if self.keyring is not None and crypto.is_sealed_pack(data):
+        if self.keyring is not None and sealing.is_sealed_pack(data):
             self.sealed_by[pid] = bytes(data[6:14]).hex()
         return pack
 
@@ -501,7 +502,7 @@ class ObjectStore:
             else:  # made here: its index is read, nothing is undone (the stored bytes are
                 view, index = open_pack(plain)  # the same pack compressed, or sealed)
                 pack = Pack(ObjectId(pid), len(data), view, index)
-                if self.keyring is not None and crypto.is_sealed_pack(data):
+                if self.keyring is not None and sealing.is_sealed_pack(data):
                     self.sealed_by[pid] = bytes(data[6:14]).hex()
             pack.known = contents.get(pid, ())
             pack.verified.update(pack.known)

@@ -30,8 +30,8 @@ from functools import partial
 import blake3
 
 from cas_checkpoint.backends import Backend, RefMismatch
+from cas_checkpoint.backends.sealed import SealedBackend
 from cas_checkpoint.engine import staging as packing
-from cas_checkpoint.engine.encryption import SealedBackend, is_sealed_key
 from cas_checkpoint.engine.object_store import NeedPacks, ObjectStore, Pack, View
 from cas_checkpoint.engine.steps import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
 from cas_checkpoint.errors import (
@@ -44,6 +44,7 @@ from cas_checkpoint.errors import (
 )
 from cas_checkpoint.format.heads import MAX_HEAD_BYTES, Head, Peak
 from cas_checkpoint.format.objects import CheckpointId, LogEntry, ObjectId, Segment, object_id
+from cas_checkpoint.format.sealing import is_sealed_key
 
 log = logging.getLogger("cas_checkpoint")
 

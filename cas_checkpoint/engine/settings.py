@@ -17,6 +17,7 @@ from cas_checkpoint.engine.steps import GetMany, List, PutMany, Step
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, NotFoundError, StorageError
 from cas_checkpoint.format.objects import VERSION
 from cas_checkpoint.format.pack import Zstd, compressor
+from cas_checkpoint.format.sealing import CIPHER
 
 MARKER = "cas-store"
 MAX_CONFIG = 4096  # bytes; a bigger one is refused unread
@@ -89,7 +90,7 @@ class Settings:
             f"compression={self.compression!r}, compression_level={self.level}"
 
 
-ENCRYPTION = "aes-256-gcm/blake3-siv"  # the one cipher suite (crypto.py)
+ENCRYPTION = CIPHER  # the one cipher suite (format.sealing)
 DEFAULT = Settings("zstd", 3)  # what a new store is created with (compression="none": plain)
 
 

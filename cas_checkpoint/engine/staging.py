@@ -34,11 +34,11 @@ from cas_checkpoint.format.objects import ObjectId, inline_id, object_id
 from cas_checkpoint.format.pack import Sealing, Zstd, encode_packs
 
 if TYPE_CHECKING:
-    from cas_checkpoint.engine.encryption import Key
+    from cas_checkpoint.format.sealing import Key
 
 
 def seal_pack(data: bytes, key: Key) -> bytes:
-    from cas_checkpoint.engine.encryption import seal_pack as seal
+    from cas_checkpoint.format.sealing import seal_pack as seal
 
     return seal(data, key)
 

@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
-from cas_checkpoint.engine.encryption import unwrap
+from cas_checkpoint.backends.sealed import unwrap
 from cas_checkpoint.engine.object_store import PREFIX, key_pack_id, pack_key
 from cas_checkpoint.engine.refs import HEADS, is_thread_key
 from cas_checkpoint.engine.retention import (

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cas_checkpoint.engine.encryption import KEYS, SealedBackend, key_file, record_writer
+from cas_checkpoint.backends.sealed import SealedBackend
+from cas_checkpoint.engine.encryption import record_writer
 from cas_checkpoint.engine.steps import List, Step
 from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.sealing import KEYS, key_file
 
 if TYPE_CHECKING:
     from cas_checkpoint.engine.refs import RefStore

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cas_checkpoint.backends import Backend
-from cas_checkpoint.engine.encryption import Keyring, is_sealed_key, unwrap
+from cas_checkpoint.backends.sealed import unwrap
 from cas_checkpoint.engine.object_store import PREFIX, Pack, key_pack_id, pack_key, parse_pack
 from cas_checkpoint.engine.refs import HEADS, RefStore, thread_key
 from cas_checkpoint.engine.steps import GetMany, List, ListMany, Step
@@ -44,6 +44,7 @@ from cas_checkpoint.errors import (
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import LogEntry, Record, Segment, object_id
 from cas_checkpoint.format.pack import pack_prefix
+from cas_checkpoint.format.sealing import Keyring, is_sealed_key
 from cas_checkpoint.maintenance import verify_checks as vp
 from cas_checkpoint.maintenance.verify_report import Problem, Progress, VerifyReport
 from cas_checkpoint.tree.shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 
 from cas_checkpoint.backends import Backend
-from cas_checkpoint.engine.encryption import SealedBackend
+from cas_checkpoint.backends.sealed import SealedBackend
 from cas_checkpoint.engine.refs import is_hashed_key, thread_from_key, thread_key
 from cas_checkpoint.engine.steps import ReadRef, ReadRefs, Step
 from cas_checkpoint.errors import CasError, FormatError
