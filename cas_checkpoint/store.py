@@ -18,6 +18,7 @@ from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, run
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format import sealing
+from cas_checkpoint.format.extypes import TypeRegistry
 from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
@@ -386,3 +387,9 @@ def copy_threads(src: CheckpointStore, dst: CheckpointStore,
     copied)."""
     s, d = copy.cores(src, dst, CheckpointStore)
     return run(copy.copy_step(s, d, threads, progress), d.backend)
+
+
+def engine_for(store: CheckpointStore, types: TypeRegistry) -> Core:
+    """An engine over ``store``'s storage and settings that stores the classes of ``types``:
+    the internal API for an integration that drives engine steps as a third face (CasSaver)."""
+    return store._core.with_types(types)

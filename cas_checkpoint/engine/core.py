@@ -182,6 +182,18 @@ class Core:
 
     # --- reading ---
 
+    def with_types(self, types: TypeRegistry) -> Core:
+        """Another engine over the same storage and settings, storing the classes of ``types``
+        (caches of its own; no ``keep_last``): for an integration that drives these steps as
+        a third face (CasSaver)."""
+        core = Core(self.backend, types, None)
+        core.objects.wanted = self.objects.wanted  # the store's compression
+        return core
+
+    def known_ref(self, thread_id: str) -> Ref | None:
+        """The ref of ``thread_id`` this object last wrote or read (None: none remembered)."""
+        return self._known.get(thread_id)
+
     def forget_thread(self, thread_id: str, ref_only: bool = False) -> None:
         """Drop what this object remembers of ``thread_id`` (its ref only, with ``ref_only``):
         maintenance changed the thread's ref or packs."""

@@ -124,6 +124,27 @@ class TypeRegistry:
     def __contains__(self, cls: object) -> bool:
         return isinstance(cls, type) and cls in self._by_class
 
+    def classes(self) -> list[type]:
+        """The classes registered, in the order they were."""
+        return list(self._by_class)
+
+    def update(self, other: TypeRegistry) -> None:
+        """Register every class of ``other`` as it is registered there (name, adapter)."""
+        for cls, entry in other._by_class.items():
+            self.register(cls, entry.name, to_data=entry.to_data, from_data=entry.from_data)
+
+    def entries(self) -> tuple[object, ...]:
+        """What decides how values encode: the hooks and each class's entry (compare with
+        ``is``: a change of any of them is a new object)."""
+        return (self.stand_in, self.unknown, *self._by_class.values())
+
+    def without_hooks(self) -> TypeRegistry:
+        """A registry of the same classes (shared, not copied) without ``stand_in`` and
+        ``unknown``: what only the registered classes rebuild."""
+        strict = TypeRegistry()
+        strict._by_class, strict._by_name = self._by_class, self._by_name
+        return strict
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ObjectData:

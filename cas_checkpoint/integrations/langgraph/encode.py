@@ -232,7 +232,7 @@ class PutEncoder:
 
     def _check_types(self, types: TypeRegistry) -> None:
         """Drop everything when the registry is not the one the encodings were made with."""
-        now = (types, types.stand_in, types.unknown, *tuple(types._by_class.values()))
+        now = (types, *types.entries())
         if len(now) != len(self._types) or not all(map(is_, now, self._types)):
             with self._lock:
                 self._threads.clear()
@@ -335,8 +335,7 @@ class PutEncoder:
         ``ends``): whether decoding it gives an object that encodes to the same bytes (its
         class is registered and rebuilds it as it was). Decoded with the registry's classes
         only: an object stored as data under its class's name does not round trip."""
-        strict = TypeRegistry()
-        strict._by_class, strict._by_name = types._by_class, types._by_name
+        strict = types.without_hooks()
         try:
             again = encode_nested(decode(data, types=strict), 2, types=types)
         except Exception:  # (CasError, or a registered class's from_data that raised)

@@ -66,7 +66,7 @@ class Steps:
         """The head of a store thread and a cursor over its log (``cursor.py``): the head this
         process last wrote or read when ``cached``, else the stored one; None when the thread
         does not exist."""
-        known = self._core._known.get(name) if cached else None
+        known = self._core.known_ref(name) if cached else None
         if known is not None:
             head = known.head
         else:
