@@ -7,6 +7,7 @@
     {'messages': ['hi'], 'step': 1}
 """
 
+from cas_checkpoint.aio import AsyncCheckpointStore
 from cas_checkpoint.engine.model import ThreadStats
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.errors import (
@@ -39,6 +40,7 @@ from cas_checkpoint.transfer.copy import CopyReport
 from cas_checkpoint.transfer.receive import BundleReport
 
 __all__ = [
+    "AsyncCheckpointStore",
     "BundleReport",
     "CasError",
     "Change",
