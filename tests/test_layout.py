@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from cas_checkpoint import CheckpointStore, FormatError
-from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.engine import staging
 from cas_checkpoint.engine.refs import thread_key
 from cas_checkpoint.format.heads import Head, PackRef
 from cas_checkpoint.format.objects import ObjectId, object_id
@@ -46,10 +46,10 @@ def _objs(n: int, size: int, seed: int) -> dict[ObjectId, bytes]:
 def test_stage_keeps_few_objects_inline_then_flushes_one_pack() -> None:
     head = Head("t", None)
     small = _objs(3, 100, 1)
-    staged, packs = packing.stage(head, small, lambda ids: {}, inline_max=1000)
+    staged, packs = staging.stage(head, small, lambda ids: {}, inline_max=1000)
     assert packs == {} and len(staged.inline) == 3 and staged.packs == ()
     more = _objs(10, 100, 2)
-    staged, packs = packing.stage(staged, more, lambda ids: {}, inline_max=1000)
+    staged, packs = staging.stage(staged, more, lambda ids: {}, inline_max=1000)
     assert staged.inline == () and len(staged.packs) == 1 and list(packs) == [staged.packs[0].id]
     inside = decode_pack(packs[staged.packs[0].id])
     assert set(inside) == set(small) | set(more)  # every object went into the pack
@@ -67,9 +67,9 @@ def test_stage_merges_four_packs_of_a_level_and_caps_the_count() -> None:
     for n in range(200):
         new = _objs(4, 300, n)
         every |= set(new)
-        head, packs = packing.stage(head, new, read, inline_max=1000)
+        head, packs = staging.stage(head, new, read, inline_max=1000)
         store.update(packs)
-        assert len(head.packs) <= packing.MAX_PACKS
+        assert len(head.packs) <= staging.MAX_PACKS
         levels = [p.level for p in head.packs]
         # no run of MERGE_FACTOR packs of one level is left at the end
         assert not (len(levels) >= 4 and len(set(levels[-4:])) == 1)
@@ -90,9 +90,9 @@ def test_stage_reads_a_pack_only_when_it_merges_it() -> None:
         asked.append(ids)
         return {i: decode_pack(data) for i in ids}
 
-    packing.stage(head, _objs(2, 50, 1), read, inline_max=10_000)
+    staging.stage(head, _objs(2, 50, 1), read, inline_max=10_000)
     assert asked == []  # stays inline: nothing read
-    staged, packs = packing.stage(head, _objs(30, 500, 2), read, inline_max=1000)
+    staged, packs = staging.stage(head, _objs(30, 500, 2), read, inline_max=1000)
     assert asked == [[old.id, old.id, old.id]] or sorted(asked[0]) == [old.id] * 3
     assert len(staged.packs) == 1 and staged.packs[0].level == 1 and len(packs) == 1
 
@@ -132,7 +132,7 @@ def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
         state["messages"].append(_msg(i))
         ids.append(store.save("t", state).id)
     ref = store.refs.read("t")
-    assert ref is not None and 1 < len(ref.head.packs) <= packing.MAX_PACKS
+    assert ref is not None and 1 < len(ref.head.packs) <= staging.MAX_PACKS
     fresh = CheckpointStore.open(str(tmp_path / "s"))
     for k in (0, 1, 199, 398, 399):  # old checkpoints stay loadable through every merge
         assert fresh.load("t", ids[k]).state == {"messages": state["messages"][:k + 1]}

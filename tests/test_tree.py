@@ -323,10 +323,10 @@ def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
     without."""
     import random
 
-    from cas_checkpoint.tree import cuts as scan
+    from cas_checkpoint.tree import cuts
 
     monkeypatch.setattr(tree, "LEAF_MAX_ITEMS", limit)
-    monkeypatch.setattr(scan, "LEAF_MAX_ITEMS", limit)
+    monkeypatch.setattr(cuts, "LEAF_MAX_ITEMS", limit)
     if limit < 100:  # and the memo's shared node lengths emptied now and then
         monkeypatch.setattr(tree.Memo, "LENGTHS", 300)
     rng = random.Random(limit)

@@ -18,8 +18,7 @@ from itertools import islice
 from typing import Any
 
 from cas_checkpoint.backends import Backend
-from cas_checkpoint.engine import model, retention
-from cas_checkpoint.engine import settings as marker
+from cas_checkpoint.engine import model, retention, settings
 from cas_checkpoint.engine.caches import STATE_CACHE_BYTES, Known, Remembered, Threads
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, check_meta, info_of
 from cas_checkpoint.engine.object_store import ObjectStore, View
@@ -203,7 +202,7 @@ class Core:
         ref = yield from self.refs.read(thread_id)
         if ref is None or ref.head.head is None:
             if self.objects.keyring is None:  # an encrypted store opened without its key
-                yield from marker.refuse_encrypted(self.url)
+                yield from settings.refuse_encrypted(self.url)
             raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
                                 "threads() lists the threads there are")
         return ref

@@ -8,7 +8,7 @@ import secrets
 from typing import Any
 
 from cas_checkpoint.backends.sealed import SealedBackend
-from cas_checkpoint.engine import settings as marker
+from cas_checkpoint.engine import settings
 from cas_checkpoint.engine.steps import GetMany, List, PutMany, Step
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.sealing import CIPHER, KEYS, Keyring, key_file, unwrap_names, wrap
@@ -19,24 +19,24 @@ def opening(url: str, objects: Any, backend: SealedBackend, create: bool) -> Ste
     fresh names secret wrapped under the writing key inside ``cas-store``), and one of the keys
     given opens its names secret."""
     ring = backend.ring
-    got = yield GetMany([marker.MARKER] + [key_file(k) for k in ring.ids])
-    have = None if got.get(marker.MARKER) is None else marker.Settings.decode(
-        got[marker.MARKER] or b"")
+    got = yield GetMany([settings.MARKER] + [key_file(k) for k in ring.ids])
+    have = None if got.get(settings.MARKER) is None else settings.Settings.decode(
+        got[settings.MARKER] or b"")
     if have is None:
-        if (yield from marker.present()):
+        if (yield from settings.present()):
             raise InvalidArgumentError(
                 f"the store at {url!r} is not encrypted (it was written without a key); open "
                 "it without encryption=, or copy its threads into a new encrypted store")
         if not create:
-            raise marker.absent(url)
+            raise settings.absent(url)
         writer = ring.write_key()
-        wanted = objects.wanted or marker.DEFAULT
+        wanted = objects.wanted or settings.DEFAULT
         names = secrets.token_bytes(32)
-        made = marker.Settings(wanted.compression, wanted.level, CIPHER, writer.id,
+        made = settings.Settings(wanted.compression, wanted.level, CIPHER, writer.id,
                                wrap(writer, names))
-        yield PutMany({marker.MARKER: made.encode()})  # create-if-absent: one creator wins
-        got = yield GetMany([marker.MARKER] + [key_file(k) for k in ring.ids])
-        have = marker.Settings.decode(got[marker.MARKER] or b"")
+        yield PutMany({settings.MARKER: made.encode()})  # create-if-absent: one creator wins
+        got = yield GetMany([settings.MARKER] + [key_file(k) for k in ring.ids])
+        have = settings.Settings.decode(got[settings.MARKER] or b"")
     if have.encryption is None:
         raise InvalidArgumentError(
             f"the store at {url!r} is not encrypted; open it without encryption= (a store keeps "
@@ -51,7 +51,7 @@ def opening(url: str, objects: Any, backend: SealedBackend, create: bool) -> Ste
         yield from objects.settle()
 
 
-def _names(url: str, ring: Keyring, have: marker.Settings,
+def _names(url: str, ring: Keyring, have: settings.Settings,
            got: dict[str, bytes | None]) -> Step[bytes]:
     """The names secret, unwrapped by the first key given that the store knows."""
     wrapped = dict((k, v) for k, v in got.items() if k.startswith(KEYS + "/") and v)
@@ -78,7 +78,7 @@ def _names(url: str, ring: Keyring, have: marker.Settings,
         "rotating, pass encryption=[new_key, old_key]")
 
 
-def record_writer(ring: Keyring, have: marker.Settings, names: bytes | None) -> Step[None]:
+def record_writer(ring: Keyring, have: settings.Settings, names: bytes | None) -> Step[None]:
     """Before a first write: the writing key's names-secret file (so the key alone opens the
     store later), unless the store already has it."""
     writer = ring.writer

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cas_checkpoint.backends import Backend, sealed
-from cas_checkpoint.engine import encryption as crypto
+from cas_checkpoint.engine import encryption
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
 from cas_checkpoint.engine.process_caches import Shared, for_store
@@ -371,7 +371,7 @@ class ObjectStore:
             try:
                 settings = yield from self._settings(write=True)
                 if self.keyring is not None and isinstance(self.backend, sealed.SealedBackend):
-                    yield from crypto.record_writer(self.keyring, settings, self.backend.names)
+                    yield from encryption.record_writer(self.keyring, settings, self.backend.names)
                 self.adopt(settings)
             finally:  # (also when the step fails or is closed: the next caller tries again)
                 self._settling = False

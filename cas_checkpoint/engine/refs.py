@@ -31,7 +31,7 @@ import blake3
 
 from cas_checkpoint.backends import Backend, RefMismatch
 from cas_checkpoint.backends.sealed import SealedBackend
-from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.engine import staging
 from cas_checkpoint.engine.object_store import NeedPacks, ObjectStore, Pack, View
 from cas_checkpoint.engine.steps import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
 from cas_checkpoint.errors import (
@@ -205,7 +205,7 @@ class RefStore:
     (``ops.py``): generators a sync or an async driver carries out."""
 
     def __init__(self, backend: Backend, objects: ObjectStore,
-                 inline_max: int = packing.INLINE_MAX) -> None:
+                 inline_max: int = staging.INLINE_MAX) -> None:
         self.backend = backend
         self.objects = objects
         self.inline_max = inline_max
@@ -500,7 +500,7 @@ class RefStore:
         compressor = yield from self.objects.settle()  # the store's settings, read once
         while True:
             try:  # (an encrypted store's compressor seals too: packfile.Sealing)
-                return packing.stage(head, new, partial(self.objects.cached_objects, fetched),
+                return staging.stage(head, new, partial(self.objects.cached_objects, fetched),
                                      self.inline_max, compressor, contents=contents,
                                      opened=opened)
             except NeedPacks as need:

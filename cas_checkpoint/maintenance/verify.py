@@ -45,7 +45,7 @@ from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import LogEntry, Record, Segment, object_id
 from cas_checkpoint.format.pack import pack_prefix
 from cas_checkpoint.format.sealing import Keyring, is_sealed_key
-from cas_checkpoint.maintenance import verify_checks as vp
+from cas_checkpoint.maintenance import verify_checks
 from cas_checkpoint.maintenance.verify_report import Problem, Progress, VerifyReport
 from cas_checkpoint.tree.shapes import EXPANSION, LOAD_BUDGET, MAX_DEPTH
 
@@ -177,17 +177,17 @@ class _Audit:
             if not info.regular:
                 self.problem("unreadable", "ref", None, info.key, "not a regular file: a folder, "
                              "link or device where a ref belongs; move it away (gc refuses to "
-                             "run while it is there)", vp.key_thread(info.key))
-            elif not vp.is_key(info.key) and not (self.keys and is_sealed_key(info.key)):
+                             "run while it is there)", verify_checks.key_thread(info.key))
+            elif not verify_checks.is_key(info.key) and not (self.keys and is_sealed_key(info.key)):
                 self.problem("stray", "ref", None, info.key, "named as no thread's ref: threads() "
                              "ignores it and gc refuses to run while it is there; move it away")
             else:
                 keys.append(info.key)
 
-        got = dict(zip(keys, (yield from vp.read_each(keys)), strict=True))
+        got = dict(zip(keys, (yield from verify_checks.read_each(keys)), strict=True))
         heads: dict[str, Head] = {}
         for key in sorted(keys):
-            ref, want = got[key], vp.key_thread(key)
+            ref, want = got[key], verify_checks.key_thread(key)
             if ref is not None and not isinstance(ref, CasError):
                 self.slots(key, want)
             if ref is None and self.thread_id is not None:
@@ -212,7 +212,7 @@ class _Audit:
                 continue
             if self.keys is not None and self.keys.keyless:
                 pass  # a key-less audit cannot read whose thread a sealed ref is
-            elif not vp.belongs(head.thread_id, key, self.backend):
+            elif not verify_checks.belongs(head.thread_id, key, self.backend):
                 self.problem("mismatch", "ref", head.head, key, f"it holds thread "
                              f"{head.thread_id[:200]!r}, not the thread of its key: it was "
                              "copied or tampered with", want)
@@ -288,9 +288,10 @@ class _Audit:
                                          and self.rng.random() >= self.sample):
                         continue
                     actual = object_id(data)
-                    self.hashed(vp.what(data), end - start)
+                    self.hashed(verify_checks.what(data), end - start)
                 if pack_prefix(actual) != prefix and (pid, start) not in self.flagged:
-                    self.problem("corrupt", vp.what(data), None, f"{pack_key(pid)} (object at "
+                    self.problem("corrupt", verify_checks.what(data), None,
+                                 f"{pack_key(pid)} (object at "
                                  f"byte {start})", f"the pack files it under id prefix "
                                  f"{prefix:08x}, but its bytes hash to {actual}",
                                  self.named_by.get(pid, ()))
@@ -355,15 +356,15 @@ class _Audit:
             rec = find(entry.id, "record", Record.decode)
             if rec is None:
                 continue
-            if not vp.same(stored := rec.entry(entry.id), entry):
+            if not verify_checks.same(stored := rec.entry(entry.id), entry):
                 self.defer("mismatch", "record", entry.id, key, "the log entry and the record "
-                           f"disagree on {vp.diff(stored, entry)}", thread)
+                           f"disagree on {verify_checks.diff(stored, entry)}", thread)
             self.link(rec.root, entry.id)
             if rec.root_node is None:
                 todo.append(rec.root)
                 continue
             self.where.setdefault(rec.root, self.where[entry.id])  # the record's hash covers it
-            root = self.decode("node", rec.root, rec.root_node, vp.node, thread)
+            root = self.decode("node", rec.root, rec.root_node, verify_checks.node, thread)
             for child in root[0] if root else ():
                 self.link(child, rec.root)
                 todo.append(child)
@@ -373,7 +374,7 @@ class _Audit:
             if oid in visited:
                 continue
             visited.add(oid)
-            node = find(oid, "node", vp.node)
+            node = find(oid, "node", verify_checks.node)
             for child in node[0] if node else ():
                 self.link(child, oid)
                 if child not in visited:
