@@ -151,7 +151,6 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The pack a save writes is cached as it was made (no decompressing or decrypting of
     what was just compressed or sealed), and reads back the same from storage."""
-    from cas_checkpoint.engine import encryption
     from cas_checkpoint.format import pack, sealing
 
     calls: list[str] = []
@@ -166,7 +165,7 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
         return real_open(*a)
 
     monkeypatch.setattr(pack, "_decompress", decompress)
-    monkeypatch.setattr(encryption, "open_sealed_pack", open_sealed)
+    monkeypatch.setattr(sealing, "open_sealed_pack", open_sealed)
     rng = random.Random(5)
     state = {"v": _text(rng, 3 * MB), "b": rng.randbytes(MB), "w": ["word " * 400] * 30}
     store = CheckpointStore.open(str(tmp_path / "s"), **opts)
