@@ -9,7 +9,7 @@ Keys are ``/``-separated paths relative to the store's root. Two families of key
   (compare-and-swap). A ``RefMismatch`` tells the caller to re-read and try again.
 
 Each primitive has an awaitable twin (``aget_many``, ``awrite_ref``...) used by
-``AsyncCheckpointStore``; the store's logic drives either through ``ops.py``.
+``AsyncCheckpointStore``; the store's logic drives either through ``steps.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A local directory: plain ``os`` calls. Objects: temp file + fsync + ``os.link`` (create if
 absent); refs: under an ``flock`` per ref, which the kernel releases when a holder dies, a
-``pwrite`` + ``fdatasync`` into the free slot of a two-slot ref file (``slots.py`` says why that
+``pwrite`` + ``fdatasync`` into the free slot of a two-slot ref file (``ref_slots.py`` says why that
 is as strong as a temp file + fsync + ``os.replace`` + folder fsync, which a new ref, an old
 one-piece ref or a head that outgrew its slot still get). The async face runs these calls on a
 small thread pool (``base.py``)."""
@@ -369,7 +369,7 @@ class LocalBackend(Backend):
                   refresh: Callable[[], None] | None = None) -> str:
         """Compare-and-swap under the ref's lock: the head is re-read under it and compared
         with ``expected``; then the new head goes into the free slot (one ``fdatasync``), or
-        the ref is written whole (temp file, fsync, rename, folder fsync; see ``slots.py``)."""
+        the ref is written whole (temp file, fsync, rename, folder fsync; see ``ref_slots.py``)."""
         path = self._path(key)
         try:
             with self._locked(path) as waited:

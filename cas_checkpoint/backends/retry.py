@@ -1,21 +1,4 @@
-"""When a storage failure is worth retrying, and how long to wait before the next attempt.
-
-Pure code, no I/O. Transient: timeouts, connection resets, 5xx, throttling (``SlowDown``,
-``Throttling``, 429). Permanent: wrong credentials, access denied, a missing bucket; these fail at
-once, since waiting does not fix them. A precondition failure (412) is neither: it is the answer
-of a compare-and-swap, and the caller handles it. A 409 ``ConditionalRequestConflict`` (another
-write of the key in flight) is transient: the object may not be there yet.
-
-Left to themselves, botocore and s3fs retry failures before we see them (botocore: connection
-errors, 500/502/503/504 and throttling, 5 attempts in its legacy mode; s3fs: connection and read
-errors and ``SlowDown``, 5 attempts), each attempt waiting up to botocore's 60 s connect and read
-timeouts: 25 hidden attempts per request, so an endpoint that accepts connections and never
-answers held a caller for many minutes. A store opened from a URL turns both off (one attempt
-each, ``backends/__init__.py``) and retries here alone, so a request makes at most ``attempts``
-tries of at most ``timeout`` each. A retried PUT whose first reply was lost comes back as a 412
-even though it was applied; ``backends/s3.py`` tags each ref write with a write id to tell that
-apart from a real conflict.
-"""
+"""When a storage failure is worth retrying, and how long to wait before the next attempt."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""What a store object remembers between its operations, so that it does not read, hash or
-decode again what it just wrote or checked. Everything is keyed by content or by the very
-objects it was checked against, so nothing here can go stale:
-
-* state encodings by root id, for states this store object saved, or joined from their nodes
-  in a load of a thread's head (a root id is the hash of the root node, which names its
-  children by hash); those of the other store objects of the same ``memory://`` store come
-  through ``shared.py``, used only once this reader's view holds every node of the state;
-* per thread, the head this store object last saved or loaded with every check (the very
-  ``Head`` object ``RefStore.decode`` hands out while the ref's bytes do not change) and its
-  checkpoint record: a load that reads the ref, finds it decoding to that same head object and
-  has the state's encoding decodes the state straight from it, without building a view of the
-  thread's packs or decoding the record again (a *warm* load);
-* per thread, which objects its lineage is known to hold (``Known``), so a save writes only
-  what is new.
-"""
+"""What a store object remembers between its operations (states, heads, known ids), so that
+it does not read, hash or decode again what it just wrote or checked.
+Rule: keyed by content or by the objects it was checked against, so nothing goes stale."""
 
 from __future__ import annotations
 

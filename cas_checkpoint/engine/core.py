@@ -1,12 +1,5 @@
-"""The store's logic, once: every operation of ``CheckpointStore`` and ``AsyncCheckpointStore``
-as a step (``ops.py``), a generator that yields its storage requests. The faces only drive them.
-
-State kept per store object (all of it content-addressed or checked, so never stale in a way
-that matters): the packs read (``ObjectStore``'s cache), the last ref seen per thread, and
-``warm.py``'s memories: recent encodings of states, the newest head and record per thread (warm
-loads), which objects that thread's lineage is known to hold (so a save writes only what is new).
-Each follows the threads in use, not their history (``packcache.py``, ``warm.py``).
-"""
+"""The store's operations, once: every operation of ``CheckpointStore`` and
+``AsyncCheckpointStore`` as a step that yields its storage requests; the faces only drive them."""
 
 from __future__ import annotations
 
@@ -52,7 +45,7 @@ log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
-CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (packcache.py)
+CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (pack_cache.py)
 LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
 
 
@@ -83,8 +76,8 @@ class Core:
         self._known, self._have = self._threads.refs, self._threads.have
         self._memo = tree.Memo()  # what recent saves hashed (content-keyed: never stale)
         self._memo_lock = threading.Lock()
-        self._warm = Remembered(self.objects.shared)  # states, newest heads (warm.py)
-        self.turns = ThreadLocks()  # the sync faces' saves to one thread take turns (serial.py)
+        self._warm = Remembered(self.objects.shared)  # states, newest heads (caches.py)
+        self.turns = ThreadLocks()  # the sync faces' saves to one thread take turns (turns.py)
 
     @property
     def url(self) -> str:

@@ -1,13 +1,5 @@
-"""Immutable objects by id, in packs and in thread heads. Every read re-hashes: wrong bytes are
-never returned.
-
-A thread's objects live in the packs its head names and in the head itself (``Head.inline``).
-``ObjectStore.view(head)`` fetches the packs a head names that are not cached yet (one parallel
-round) and answers reads from them; each object is hashed the first time it is taken out of a
-pack, and a pack is hashed as a whole when it is read from storage. Packs are immutable, so a
-bounded in-memory LRU cache of them (and, opt-in, a directory of them on local disk) never goes
-stale.
-"""
+"""Immutable objects by id, in packs and in thread heads.
+Rule: every read re-hashes; wrong bytes are never returned."""
 
 from __future__ import annotations
 
@@ -343,10 +335,10 @@ class ObjectStore:
         self.wanted: marker.Settings | None = None  # what the opener asked for (None: any)
         self.settings: marker.Settings | None = None  # the store's, once read (first write)
         self.compressor: Zstd | None = None  # by the settings (None until they are read)
-        self.keyring: sealing.Keyring | None = (  # an encrypted store's keys (crypto.py)
+        self.keyring: sealing.Keyring | None = (  # an encrypted store's keys (sealing.py)
             backend.ring if isinstance(backend, sealed.SealedBackend) else None)
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
-        # packs shared by the store objects of one memory:// store (shared.py); never for an
+        # packs shared by the store objects of one memory:// store (process_caches.py); never for an
         # encrypted store (a store object without the key must not read what another opened)
         scope = backend.shared_scope
         self.shared: Shared | None = (
@@ -422,7 +414,7 @@ class ObjectStore:
             self.sealed_by[pid] = bytes(data[6:14]).hex()
         return pack
 
-    # --- cache (packcache.py) ---
+    # --- cache (pack_cache.py) ---
 
     def _remember(self, pack: Pack) -> None:
         self.cache.remember(pack)
@@ -472,7 +464,7 @@ class ObjectStore:
         except OSError:
             pass  # the disk cache is only a cache
 
-    # --- packs (steps: see ops.py) ---
+    # --- packs (steps: see steps.py) ---
 
     def put_packs(self, packs: dict[ObjectId, bytes],
                   contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,
@@ -512,7 +504,7 @@ class ObjectStore:
 
     def _parse_read(self, pid: str, data: bytes) -> Pack:
         """A pack read from storage: the one parsed from the very same bytes in this process
-        (shared.py), or parsed (and hashed) now."""
+        (process_caches.py), or parsed (and hashed) now."""
         shared = self.shared
         if shared is None:
             return self.parse(pid, data)

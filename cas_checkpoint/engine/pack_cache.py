@@ -1,18 +1,5 @@
-"""The packs a store object keeps in memory (``ObjectStore``'s cache): an LRU bounded by
-bytes, each pack counted at its plain size (what it holds: a compressed pack's body is
-decompressed), which also lets go of the packs no thread in use needs.
-
-What a store object's next operations read are the packs of the newest heads of the threads it
-works on (a view of a head reads all of them; a save's merge reads its newest ones). So the
-cache knows, for the ``OWNED_THREADS`` threads used last, which packs their newest head names
-(``own``, from every view and every ref this object writes): a pack that a merge or a repack
-replaced in a head, or that only threads not used lately named, is dropped at once
-(``replaced``, ``own``), not kept until the byte bound reaches it. Without this, a long
-thread's cache filled with the parts of its merges, and an agent whose every turn makes a new
-namespace (a new thread) kept the packs of every turn, up to the bound. A pack no tracked
-thread names (one read by gc, verify, a copy) is kept under the byte bound only. Dropping a
-pack costs a later read of it again, never a wrong answer: packs are immutable.
-"""
+"""The packs a store object keeps in memory: an LRU bounded by bytes (each pack at its plain
+size) that also lets go of the packs no thread in use names."""
 
 from __future__ import annotations
 

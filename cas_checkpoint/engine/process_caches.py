@@ -1,28 +1,5 @@
-"""What the store objects over one ``memory://`` store share in this process.
-
-A ``memory://`` store lives in this process only, and several store objects often open it (a
-LangGraph saver per graph, a store per request...). Each would otherwise read, hash and parse
-the same packs and heads, and join the same states, again. They share three bounded LRU caches
-(one budget each for the whole process, whatever the number of stores), scoped by the
-storage object (``MemoryBackend.fs``) and the store's root, never by URL alone:
-
-* packs: a pack id -> (the bytes it was parsed from, the parsed pack). A reader still reads the
-  pack's bytes from storage and reuses the parsed pack only when they are byte for byte the ones
-  it was parsed (and hashed) from: a damaged or missing pack is found as before. The parsed pack
-  remembers which of its objects were already re-hashed against their ids, so an object is
-  hashed once per process, not once per store object;
-* heads: a ref key -> (bytes, the decoded head), reused only for the same bytes;
-* states: a state's root id -> its whole encoding and the ids of its nodes, for states saved
-  here. The root id is the hash of the root node, which names its children by hash: the
-  encoding cannot be stale. A reader uses it only once its view of the thread holds every one
-  of those nodes with the right bytes (``View.check``: objects already hashed in this process
-  are not hashed again), so a store that lost or damaged a node fails to load as before.
-
-Everything here is content-addressed or compared byte for byte, so a store deleted and made
-again under the same name cannot be served anything it does not hold. Encrypted stores share
-nothing (their backend has no ``shared``): a store object without the key must not read what
-another one decrypted.
-"""
+"""What the store objects over one ``memory://`` store share in this process: bounded LRUs of
+packs, states and heads."""
 
 from __future__ import annotations
 
@@ -104,7 +81,7 @@ class Shared:
         PACKS.put((self.scope, pid), (data, pack), len(data) + (0 if plain else len(pack.data)))
 
     def drop_packs(self, pids: list[str]) -> None:
-        """Let go of these packs (no thread in use names them any more: ``packcache.py``)."""
+        """Let go of these packs (no thread in use names them any more: ``pack_cache.py``)."""
         for pid in pids:
             PACKS.drop((self.scope, pid))
 
@@ -127,7 +104,7 @@ class Shared:
         STATES.put((self.scope, root), (data, nodes), len(data) + 80 * len(nodes))
 
     def drop_state(self, root: str) -> None:
-        """Let go of a state that is no longer among its thread's newest (``warm.py``)."""
+        """Let go of a state that is no longer among its thread's newest (``caches.py``)."""
         STATES.drop((self.scope, root))
 
 

@@ -1,21 +1,6 @@
 """Per-thread refs: the head of each thread and the log of its checkpoints (the parent DAG).
-
-A thread's ref is one small mutable file, ``refs/heads/<thread key>``, changed only by
-compare-and-swap. It holds the head checkpoint id, up to ``LEAF`` recent log entries (the tail),
-and the roots ("peaks") of complete, immutable log segment trees stored as objects:
-
-* when the tail reaches ``LEAF`` entries it becomes a level-0 segment;
-* when ``FANOUT`` peaks of one level stand side by side they become one segment a level up.
-
-So the head holds at most ``FANOUT - 1`` peaks per level. Segments are objects like any other:
-inline in the head or in the thread's packs (``packing.py``), so reading the whole log reads the
-head and its packs. Rewind, delete and fork rebuild the log from its entries; unchanged leading
-segments come out byte-identical, so they are shared, not written again.
-
-A thread's key is the base32 of its id's UTF-8 bytes when that is short, and ``h-`` + the BLAKE3
-of the id otherwise (the head keeps the full id), so ids of any length (LangGraph namespaces
-included) stay inside ``refs/heads``.
-"""
+Rule: only ``RefStore.update`` writes or deletes a ref (``WriteRef``, ``DeleteRef``), and only
+by compare-and-swap."""
 
 from __future__ import annotations
 
@@ -123,7 +108,7 @@ def thread_from_key(key: str) -> str | None:
 
 def is_thread_key(key: str) -> bool:
     """Whether a key under ``refs/heads`` is a thread's ref (not a lock or temp file); an
-    encrypted store's are ``e-`` and a keyed hash (``crypto.py``)."""
+    encrypted store's are ``e-`` and a keyed hash (``sealing.py``)."""
     return is_hashed_key(key) or is_sealed_key(key) or thread_from_key(key) is not None
 
 
@@ -202,7 +187,7 @@ def _same(a: Ref | None, b: Ref | None) -> bool:
 
 class RefStore:
     """Reads and compare-and-swaps thread refs. Methods that touch storage are steps
-    (``ops.py``): generators a sync or an async driver carries out."""
+    (``steps.py``): generators a sync or an async driver carries out."""
 
     def __init__(self, backend: Backend, objects: ObjectStore,
                  inline_max: int = staging.INLINE_MAX) -> None:

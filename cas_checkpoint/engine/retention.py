@@ -1,7 +1,6 @@
-"""Retention: ``prune`` drops checkpoints from threads' logs by a policy (keep the last N, the
-recent, the labelled, the tagged). It edits refs only: it rebuilds a thread's log without the
-checkpoints the policy drops, by compare-and-swap (a concurrent save is never lost), and deletes
-no object; ``repack`` and ``gc`` reclaim the bytes. ``open(keep_last=N)`` prunes on save."""
+"""Retention: which checkpoints a policy keeps (last N, recent, labelled, tagged), for ``prune``
+and for ``open(keep_last=N)`` on save.
+Rule: retention edits refs only (by compare-and-swap) and deletes no object; gc reclaims bytes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The store's root object, ``cas-store``: it marks a root as a store (so that read-only openers
-never create anything) and holds the settings the store was created with (compression today).
-
-It is written once, create-if-absent, by ``init`` or by the first writer that opens the store
-with explicit settings; a store written before it existed (or only ever opened with defaults)
-has none and is treated as unset: the first explicit setting wins. Opening a store with settings
-other than its own is an InvalidArgumentError, never a silently mixed store."""
+"""The store's root object, ``cas-store``: it marks a root as a store and holds the settings the
+store was created with.
+Rule: written once, create-if-absent; read-only openers never create it."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ class Settings:
     level: int | None = None
     encryption: str | None = None  # None or crypto.CIPHER
     key_id: str | None = None  # the key the store was created with (an id, never the key)
-    names: bytes | None = None  # the names secret, sealed under that key (crypto.py)
+    names: bytes | None = None  # the names secret, sealed under that key (sealing.py)
 
     @staticmethod
     def of(compression: Any, level: Any) -> Settings | None:

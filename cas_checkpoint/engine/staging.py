@@ -1,27 +1,5 @@
-"""Where a thread's new objects go: inside its head while few, then into packs that are merged
-geometrically (an LSM tree of packs). Pure code: the caller reads and writes.
-
-* New objects (state nodes, checkpoint records, log segments) are added to the head's inline
-  objects. While those stay under ``INLINE_MAX`` bytes, a save writes nothing but the head.
-* Past that, they are flushed into one new level-0 pack, named by the head.
-* When the newest ``MERGE_FACTOR`` packs share a level, they are merged into one pack a level up
-  (the union of their objects: a merge never drops one), and so on up. When a head would name
-  more than ``MAX_PACKS`` packs, two neighbouring runs of packs (a run: packs side by side of
-  one level) are merged early into one pack a level above both: the two whose bytes add up to
-  the least (``_cheapest_runs``), so an early merge rewrites the small packs, never one big
-  pack again and again. So a head names a bounded number of packs however long the thread
-  grows, each object is rewritten about log_4(thread bytes / INLINE_MAX) times (a save writes
-  ~4.7 times its new bytes at 1,000 flushes, ~8.6 at 100,000, simulated), and loading a head in
-  a new process reads the head and then its packs in one parallel round.
-
-  (Until this version the early merge took the newest two packs when the newest level held
-  one, and gave their union a level above both: once a head was full (~4,000 flushes) the
-  newest pack was the biggest, and every save rewrote it with its new objects, the whole
-  thread's bytes each time.)
-
-A merged pack replaces its parts in the head; the parts become garbage for ``gc`` unless another
-thread (a fork) still names them.
-"""
+"""Where a thread's new objects go: inside its head while few, then into packs merged
+geometrically (an LSM tree of packs). Pure code: the caller reads and writes."""
 
 from __future__ import annotations
 

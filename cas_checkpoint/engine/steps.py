@@ -1,19 +1,6 @@
-"""The store's logic, written once, driven by a sync or an async driver.
-
-Every operation that touches storage (save, load, history, gc marking, verify...) is a generator:
-it yields an ``Op`` (a request: read these packs, compare-and-swap this ref, sleep before the next
-attempt) and receives the result at that ``yield``, or the exception, thrown in there. Nothing
-in such a generator blocks or awaits. ``run`` carries the requests out with a backend's sync
-methods (``CheckpointStore``); ``arun`` awaits its async methods (``AsyncCheckpointStore``), on
-the caller's event loop. So encoding, hashing, ref logic, retries and gc marking exist once, and
-only this module knows which colour the I/O is.
-
-Cancellation (``arun``): an operation cancelled before its first commit (a ref write or delete)
-stops at once, its generator closed; what it wrote (packs) is garbage for gc, never a broken
-ref. Once a commit has been sent, the operation runs to its end even if cancelled (the commit,
-and a retry after a lost race, are a few requests), and only then raises ``CancelledError``,
-carrying the result in ``landed(exc)``: the caller can always tell whether its save landed.
-"""
+"""Steps: the store's logic as generators that yield storage requests (``Op``) and receive their
+results, run by a sync driver (``run``) or an async one (``arun``).
+Rule: nothing in a step blocks or awaits."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Saves to one thread from several threads of one process take turns (``ThreadLocks``).
-
-A thread's head changes by compare-and-swap, which is what keeps writers in different processes
-and machines from losing each other's checkpoints. Writers in one process need not race
-through it: a loser re-reads the head, checks whether it already holds its change, backs off
-and builds its change again, which costs more than waiting. LangGraph's saver, for one, is
-called from a pool of threads (a step's pending writes beside its checkpoint). So the sync
-faces hold a lock per thread id around a save, and the async faces an ``asyncio.Lock`` per
-event loop and thread id; the compare-and-swap still decides between processes (and between
-event loops, or a sync and an async face of one process). Pure code."""
+"""Saves to one thread from several threads of one process take turns (``ThreadLocks``), so that
+they do not race through the ref's compare-and-swap."""
 
 from __future__ import annotations
 

@@ -1,44 +1,5 @@
 """Values <-> bytes: deterministic msgpack with a fixed table of extension types.
-
-Native msgpack carries None, bool, int (64-bit), float (always float64), str, bytes, list
-and dict (any encodable keys; insertion order is kept, so two equal dicts built in a
-different order encode differently). Everything else is one of these ext types::
-
-    code  type                  payload
-    1     int beyond 64 bits    two's complement big-endian, minimal length (<= 1 MiB)
-    2     (reserved: bytearray) never written: msgpack packs an exact bytearray as bin
-                                without asking us, so a bytearray comes back as bytes
-    3     tuple                 msgpack array
-    4     set                   msgpack array, items sorted by their encoded bytes
-    5     frozenset             same as set
-    6     datetime.datetime     [year, month, day, hour, minute, second, microsecond, fold, tz]
-    7     datetime.date         [year, month, day]
-    8     datetime.time         [hour, minute, second, microsecond, fold, tz]
-    9     datetime.timedelta    [days, seconds, microseconds]
-    10    uuid.UUID             the 16 raw bytes
-    11    decimal.Decimal       ASCII str(d), e.g. "-0", "1.50", "sNaN", "-Infinity"
-    12    Ref                   index, unsigned big-endian in 1, 2, 4 or 8 bytes (minimal)
-    13    registered class      [name, state]: state is the fields map (dataclass, pydantic
-                                model), the root value (RootModel) or the value (Enum member)
-    14    Span                  shape (1 byte), start and count (LEB128 varints, minimal):
-                                children start..start+count-1 joined into one value
-    16    Span with lengths     as 14, then ``count`` varints: the length of each child's
-                                part (items, pairs, characters or bytes: see links.Span)
-
-    tz: nil, a str (zoneinfo.ZoneInfo key) or [utcoffset in microseconds, name or nil]
-    (datetime.timezone; the name only if one was given).
-
-Only exact types are stored (subclasses of builtins such as OrderedDict or a namedtuple
-are refused, not silently converted) and classes are rebuilt only from a TypeRegistry:
-decoding never imports or looks anything up by a name read from the data. Payloads 3-9
-and 13 hold nested msgpack, nested at most MAX_EXT_DEPTH deep. msgpack packs memoryview
-(as bytes), msgpack.ExtType and msgpack.Timestamp without asking this module: keep them
-out of a state. msgpack's timestamp ext (-1) is never written; it decodes to a UTC datetime.
-
-This module encodes; ``decoding.py`` decodes (``decode`` is re-exported here), and both take
-the codes, limits and ``TypeRegistry`` from ``extypes.py`` (imports run codec -> decoding ->
-extypes, never back).
-"""
+Rule: equal values encode to equal bytes."""
 
 from __future__ import annotations
 

@@ -1,28 +1,6 @@
-"""Bytes -> values: the decoder of ``codec.py``'s format. Bad bytes raise FormatError, nothing
-else; nothing is imported or looked up by a name read from the data (user classes come only from
-a ``TypeRegistry``).
-
-msgpack decodes. When ormsgpack is importable (optional: LangGraph depends on it) it is tried
-first on inputs of 4 KB to 64 MB, ~1.6x faster, in the main thread only, and its result is
-used only where it is exactly msgpack's; anything else falls back to msgpack, whose result or
-FormatError is what ``decode`` gives either way:
-
-* ormsgpack ignores trailing bytes: the input is decoded as the second item of a two-item
-  array whose last item is 16 random bytes (a fresh nonce), and the result counts only when
-  that item comes back equal to it: data that ends early or late cannot produce it;
-* it turns an array used as a map key into a tuple (msgpack refuses it): it is run without
-  ``OPT_NON_STR_KEYS``, so a map key that is not a str (ints, ext types: tuples, ...) makes it
-  fail, and msgpack decodes that input;
-* it recurses on the C stack (~500 bytes a level, up to its limit of 1,024 levels, which
-  crashed a thread with a 512 KB stack), where msgpack keeps its stack on the heap: it runs
-  only in the main thread with a stack limit of at least 4 MB;
-* any error (its own or one our ``ext_hook`` raises) is not reported from it: msgpack decodes
-  the input again and says what is wrong. (A registered class's ``from_data`` may so be called
-  twice for bad data.) Calls with ``resolve``, ``span`` or ``objects`` (whose callbacks must
-  run once) always use msgpack.
-
-``CAS_CHECKPOINT_DECODER=msgpack`` in the environment turns ormsgpack off.
-"""
+"""Bytes -> values: the decoder of ``codec``'s format.
+Rule: bad bytes raise FormatError, nothing else; nothing is imported or looked up by a name
+read from the data."""
 
 from __future__ import annotations
 

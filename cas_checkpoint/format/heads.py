@@ -1,11 +1,5 @@
-"""A thread's head (``Head``, kind ``H`` in ``objects.py``): the mutable ref of one thread, and
-the packs (``PackRef``) and segment trees (``Peak``) it names, with their byte encoding. Pure
-code: no I/O.
-
-A head's bytes are the 5-byte header, the 32-byte BLAKE3 of the body, then a msgpack map: thread
-id (``t``), head id (``h``) and step (``s``), segment peaks (``p``), tail entries (``e``), packs
-(``k``), inline objects (``i``) and lineage (``g``).
-"""
+"""A thread's head (kind ``H``): the mutable ref of one thread, and the packs (``PackRef``) and
+segment trees (``Peak``) it names, with their byte encoding. Pure code."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Object names: the BLAKE3 hash (64 lowercase hex digits) of an object's bytes, computed with
-reused hashers (making one costs more than hashing a 400-byte node), on every core for a big
-object, and remembered for a head's inline objects, which are carried from head to head. Pure
-code."""
+"""Object names: the BLAKE3 hash (64 lowercase hex digits) of an object's bytes. Pure code."""
 
 from __future__ import annotations
 

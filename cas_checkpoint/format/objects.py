@@ -1,44 +1,5 @@
 """The object kinds stored by cas_checkpoint, as frozen dataclasses, and their byte encodings.
-
-Pure code: no I/O. Every object's name is the BLAKE3 hash (hex) of its bytes.
-
-Every object starts with a 5-byte header: ``b"CAS"``, a kind byte, and a format version.
-
-=====  ===============  ============================================================
-kind   name             body
-=====  ===============  ============================================================
-``N``  state node       varint child count, 32-byte child ids, codec bytes of a value
-``C``  checkpoint       msgpack array: thread, parents, state root, step, time, size, label,
-                        tags, metadata, then optionally status, kind, reason
-``L``  log segment      msgpack map: level 0 holds log entries, level > 0 child segments
-``H``  thread head      32-byte BLAKE3 of the body, then a msgpack map: thread id, head id and
-                        step, segment peaks, tail entries, packs, inline objects, lineage
-``P``  pack             flags byte, u32 count, 4-byte id prefix per object, u16 or u32 length
-                        per object, then the objects' bytes in that order
-=====  ===============  ============================================================
-
-Two encodings keep the bytes every save writes small:
-
-* a record's state root is a 32-byte id, or, when the root node encodes to at most
-  ``INLINE_ROOT_MAX`` bytes, the node itself minus its 5-byte header (any length but 32, so the
-  two never mix up); the root's id is then the hash of header + those bytes, and no object of
-  that id is stored. The record's own hash covers the node;
-* a log entry (in a level-0 segment or a head's tail) whose parents are exactly the previous
-  entry of the same container stores ``nil`` instead of its parent list. Each container decodes
-  on its own: its first entry always lists its parents.
-
-A checkpoint's ``status`` (``in_progress``, ``completed``, ``failed``, ``halted``), ``kind``
-(``automatic``, ``manual``, ``pre_operation``, ``recovery``) and ``reason`` are optional trailing
-items of a record and of its log entries: only as many as the last one set are written, so a
-checkpoint without them has the same bytes (and id) as before they existed.
-
-Heads are the only mutable files (they live under ``refs/``, changed by compare-and-swap); their
-class and encoding are in ``heads.py``, which builds on this module.
-Nodes, checkpoint records and segments are immutable objects, each named by the hash of its own
-bytes; they are stored inside a thread's head while few (``Head.inline``), and in packs
-(``packs/``, named by the hash of the pack) after that. A pack's flags byte is 0 (plain); it
-leaves room for compression and encryption.
-"""
+Rule: an object's name is the BLAKE3 of its canonical bytes."""
 
 from __future__ import annotations
 

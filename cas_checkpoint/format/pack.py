@@ -1,19 +1,5 @@
 """The pack object: many objects in one, with an index of id prefixes and lengths, optionally
-zstd-compressed. Pure code.
-
-Layout: the object header (``CAS`` ``P`` version), a flags byte, the object count (u32), the first
-``PACK_PREFIX`` bytes of each id, each object's length, then the body: the objects one after
-another. Flags: bit 0 set means lengths are u16 (every object under 64 KB), else u32; bit 1 set
-means the body is one zstd frame (its decompressed length is the sum of the lengths, known from
-the index before a byte is decompressed); bit 2 set means the pack is encrypted (``crypto.py``):
-the key id and a sealed plain pack follow the flags byte. Other bits are 0.
-
-Compression never changes what an object is: objects keep their names (the BLAKE3 of their
-canonical, uncompressed bytes), a pack is named by the hash of its stored bytes, and a reader
-re-hashes every object it takes out, after decompressing. A body that would expand past
-``MAX_RATIO`` times its compressed size (beyond ``SMALL_BODY``) is a decompression bomb:
-refused before anything is allocated, and the writer never produces one (it stores such a body
-plain)."""
+zstd-compressed. Pure code."""
 
 from __future__ import annotations
 
@@ -57,7 +43,7 @@ class Zstd:
         """The compressor for a big pack of one save's new objects: zstd at ``FAST`` (or the
         store's level, if lower). Measured in a save of 1,000 messages (a 432 KB body), level 3
         took 1.1-1.8 ms and level 1 0.9-1.2 ms, for 4% more bytes; such a pack is compressed
-        again at the store's level when merges take it (packing.py)."""
+        again at the store's level when merges take it (staging.py)."""
         if self.level <= FAST:
             return self
         if self._fast is None:

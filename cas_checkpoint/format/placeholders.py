@@ -1,6 +1,5 @@
 """Placeholders for child nodes inside codec bytes: ``Ref`` (one child) and ``Span`` (several
-children joined into one value). Pure code; ``codec`` encodes them as ext types 12 and 14, or
-16 for a ``Span`` that also gives the length of each child's part (see ``Span.lengths``)."""
+children joined into one value). Pure code."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
-"""Sealing, pure: keys, sealed packs and heads, wrapped names secrets. Client-side encryption
-that keeps deduplication.
-
-What a storage reader sees of an encrypted store: the root object ``cas-store`` (it says the
-store is encrypted, and which key created it), ``keys/<key id>`` files (a random *names secret*
-wrapped under each later key), packs and refs. Nothing of it shows content, thread ids, labels
-or metadata:
-
-* **packs** (``packs/ab/...``): a clear header (``CAS`` ``P`` version, flags = ``ENCRYPTED``, the
-  8-byte key id), then AES-256-GCM of the whole plain (or zstd-compressed) pack. A pack is still
-  named by the BLAKE3 of its stored bytes, so reads are checked before decryption, and gc and a
-  key-less quick verify still work on names;
-* **heads** (``refs/heads/e-<hex>``): the ref key is a BLAKE3 keyed by the names secret, so it
-  shows no thread id; the ref holds a clear header (``CAS`` ``E`` version, key id, the ids and
-  sizes of the packs it names: all gc needs), then AES-256-GCM of the whole plain head
-  (thread id, log, inline objects). The associated data binds it to its ref key and its clear
-  part.
-
-Encryption is deterministic and nonce-safe (SIV style): the 96-bit nonce is a BLAKE3, keyed by a
-subkey of the key, of the associated data and the plaintext. Equal plaintext gives equal
-ciphertext (so pack names stay deterministic: a resumed copy writes the same packs), and two
-different plaintexts under one key share a nonce only by a 96-bit hash collision. Objects
-inside keep their plain content addresses: nodes shared by threads and forks are shared as
-before, and every object is re-hashed after decryption.
-
-The storage wrapper is ``backends.sealed``; opening an encrypted store, ``engine.encryption``;
-rotation, ``maintenance.rekey``.
-"""
+"""Sealing, pure: keys, sealed packs and heads, and the wrapped names secret (client-side
+encryption that keeps deduplication).
+Rule: an encrypted store shows no content, thread id, label or metadata to its storage."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""msgpack records from untrusted bytes (bundles, object and head bodies) decoded within a
+"""msgpack records from untrusted bytes (bundles, object and head bodies), decoded within a
 budget. Pure code.
-
-msgpack's own limits bound each container's length, not how many values a body holds: a 64 MB
-body of empty maps is 64 million dicts (~4.6 GB) before any check of its shape can run. So a
-body is first walked over, without building anything, counting its values and the depth of its
-containers (``count``); only a body within the budget its kind allows is decoded
-(``unpack``). The walk costs one step per value, and at most ``max_items + 1`` steps.
-"""
+Rule: a body's values and depth are counted before anything is built."""
 
 from __future__ import annotations
 

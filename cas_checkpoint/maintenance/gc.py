@@ -1,29 +1,6 @@
-"""Garbage collection (``gc``), safe while agents write (retention, ``prune``, is in
-``retention.py``).
-
-* ``gc`` deletes every pack that no ref names and that is older than a grace period, judged by
-  the storage's own modified times. A thread's head names every pack that holds its objects
-  (``packing.py``), so marking reads the refs and no object: its cost grows with threads and
-  packs, never with nodes. (The report's ``*_objects`` fields count packs.) Packs a merge
-  replaced become garbage here; objects that prune or rewind made unreachable stay inside their
-  packs until ``repack`` rewrites them.
-
-How gc stays safe with writers active, and with no lock that blocks them:
-
-1. writers refresh what they reuse: putting a pack that already exists moves its modified time
-   (local ``os.utime``, memory:// ``modified``, S3 ``CopyObject`` onto itself), and re-writes it
-   if it vanished meanwhile; a save re-puts its new packs on every compare-and-swap attempt;
-2. ``t0`` = the storage's clock (the modified time of a probe written under ``gc/``); mark from
-   every ref, remembering each ref's version; list ``packs/`` once (256 prefixes in
-   parallel); re-read the refs and mark from each one that changed, until they are stable
-   (bounded); candidates are the unmarked packs modified before ``t0 - grace``;
-3. the final check is atomic where the storage allows it: local disk renames a candidate into
-   ``gc/trash-*``, then stats it: if a writer refreshed it, it goes back (``os.link``); memory://
-   checks and deletes under the lock writers take; S3 lists the candidates' prefixes again right
-   before each ``DeleteObjects`` batch and drops any whose LastModified moved.
-
-The residual risks are written down in the README ("How GC stays safe").
-"""
+"""Garbage collection, safe while agents write.
+Rule: gc deletes only packs no ref names and whose storage mtime is older than the grace; it
+never deletes refs."""
 
 from __future__ import annotations
 
@@ -74,7 +51,7 @@ MIN_S3_GRACE = 1.0  # S3 LastModified has a resolution of one second
 
 
 # --- garbage collection ------------------------------------------------------------------------
-# ``collect`` is a step (``ops.py``): it yields its storage requests; the parts that must be
+# ``collect`` is a step (``steps.py``): it yields its storage requests; the parts that must be
 # atomic on one kind of storage (local disk's trash sweep, memory://'s check-and-delete under
 # the writers' lock) run whole inside a ``Blocking`` request.
 

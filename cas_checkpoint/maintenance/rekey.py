@@ -1,6 +1,5 @@
 """Key rotation: ``rekey`` rewrites every thread's packs and head under the writing key (by
-compare-and-swap, safe while others write), then retires the other keys' ``keys/`` files. A
-step (``CheckpointStore.rekey`` and ``AsyncCheckpointStore.rekey`` drive it)."""
+compare-and-swap, safe while others write), then retires the other keys' ``keys/`` files."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Repack: rewrite a thread's packs without the objects none of its checkpoints reaches.
-
-Packs are only ever merged (``packing.py``), never thinned, so the objects of checkpoints that
-``prune``, ``rewind`` or ``delete`` removed from a thread's log stay in its packs. ``repack``
-walks what the log reaches (log segments -> records -> state node trees), writes those objects
-into one new pack, and swaps the thread's pack list for it by compare-and-swap; the old packs are
-then garbage for ``gc`` (unless a fork still names them).
-
-Safe with writers active: the new head gets a new lineage, so a writer that saw the old packs
-writes its nodes again instead of skipping them (``store.py``), and a save that lands meanwhile
-makes the swap retry on the new head.
-"""
+"""Repack: rewrite a thread's packs without the objects none of its checkpoints reaches."""
 
 from __future__ import annotations
 

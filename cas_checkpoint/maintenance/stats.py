@@ -1,6 +1,5 @@
 """Per-thread figures for ``stats(by_thread=True)``: checkpoints, messages, logical and
-physical bytes. A step (``ops.py``) over what ``Core.stats`` already read: the threads' refs and
-logs, and the listings of packs and refs."""
+physical bytes."""
 
 from __future__ import annotations
 

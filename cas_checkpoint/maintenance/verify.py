@@ -1,25 +1,5 @@
 """Integrity audit of a store: prove that every checkpoint a ref reaches is intact, and name what
-is not. Used by :meth:`CheckpointStore.verify` and ``cas-checkpoint verify``.
-
-The audit is a step (``ops.py``): it yields its reads, and ``ops.run`` or ``ops.arun`` carries
-them out. It reads every ref, then the packs they name in rounds of a few threads (each pack once,
-dropped when no thread left needs it), and walks each thread as a load looks: log segments ->
-log entries -> records -> state node trees, each object taken from the head's inline objects or
-its packs. **quick** (``deep=False``): every entry under ``refs/heads`` is a regular file named
-as a thread's ref; each ref's checksum holds, it belongs to its key's thread, its head is in its
-log at the step it says; every pack a ref names exists, hashes to its name, has a valid index
-and the size and count the ref says; every segment, record and node a checkpoint reaches is in
-its thread and re-hashes to its id; log entries agree with records and log peaks with segments;
-no state tree is deeper or expands further than a load allows. **deep** also re-hashes every
-other object of every pack (``sample=0.1``: a random 10% of them). A listing error propagates.
-
-A problem names the object, its path (for a missing object: the damaged pack it most likely was
-in, else the ref that should reach it) and the threads and checkpoints it breaks: a node shared
-by 30 checkpoints names those 30; a node missing from a fork's packs names the fork's only.
-Packs no ref names are garbage for gc (counted, not errors).
-
-The report (``verify_report.py``) names its JSON keys and the kinds of problem.
-"""
+is not."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The small checks ``verify``'s audit makes of one thing at a time: which thread a ref key is
-spelled for, what kind of object a pack holds, what a state node charges a load, whether two
-log entries are equal as stored. Pure code (``_read_each`` is a step of requests)."""
+"""The small checks ``verify``'s audit makes of one thing at a time (a ref key's thread, a pack's
+kind, a node's cost, two log entries)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
 """What ``verify`` reports: the problems it found and what it checked, as text or JSON. Pure
-code (``verify.py`` runs the audit).
-
-``VerifyReport.to_dict()`` / ``to_json()`` keys (stable): ``ok``, ``url``, ``deep``, ``sample``,
-``thread``, ``threads`` (refs read), ``checkpoints`` (distinct log entries), ``objects``
-(distinct objects reached), ``objects_hashed``, ``bytes_hashed``, ``by_kind``
-(``{"pack"|"record"|"segment"|"node": {"objects", "hashed", "bytes_hashed"}}``),
-``unreachable_objects``, ``unreachable_bytes`` (packs no ref names; null for one thread),
-``seconds``, ``notes`` (states that are not damage, such as a local ref left with two valid
-slots by a writer stopped before it retired the older), ``problems`` (``[{"kind", "what",
-"object", "path", "detail", "threads", "checkpoints"}]``). Kinds: ``missing``; ``corrupt``
-(bytes do not hash to their name, or a ref's checksum fails, or a slot of a local ref is
-damaged); ``undecodable``; ``unreadable`` (the storage refused, or a ref is not a regular
-file); ``stray`` (an entry under ``refs/heads`` named as no thread's ref); ``dangling_ref`` (a
-head not in its log); ``mismatch`` (a ref, log entry, log peak or pack size disagrees with what
-it names); ``too_deep`` (deeper than the ``MAX_DEPTH`` levels a load follows: the object is the
-node where the bound is crossed); ``too_big`` (expands past a load's budget). ``what``: ``ref``,
-``pack``, ``segment``, ``record``, ``node``, or ``object`` (an unreached object of no known kind).
-"""
+code."""
 
 from __future__ import annotations
 

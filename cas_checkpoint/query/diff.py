@@ -1,29 +1,4 @@
-"""Structural diff of two checkpoints' states, by their trees of content-addressed nodes.
-
-Both trees are walked from their roots, and every subtree whose id is the same on both sides is
-skipped unread. Dicts: keys added, removed or changed (a split dict drops the leaves both sides
-share before its keys are compared). Lists and tuples: items compared by index (an item past
-the end of the other side is added or removed); the two sides are walked in step, so a part of
-a split list that both hold at the same place is skipped. A str or bytes longer than
-``TEXT_SPLIT_MIN`` (32,768 characters or bytes) on both sides is reported as one change of the
-slice from its first to its last differing character: path ``...[start:stop]`` (old
-positions), ``old`` that slice of the old value and ``new`` what replaces it (so
-``old_value[:start] + new + old_value[stop:]`` is the new value); a split one is compared by
-its chunks, reading only those around the change. Other values are compared whole and reported
-as one change with both whole values; registered objects (dataclasses, models...) are equal
-when their stored data is, and are reported as the objects ``load`` returns.
-
-Absolute list indexes and text positions come from the lengths that concatenations give for
-their children (see ``tree``): a skipped part costs nothing. Nodes written before lengths
-existed do not give them: when a change follows skipped parts of such a list, those parts'
-leaves are read to count their items (only then, and each once per store object: counts are
-kept by node id, which is content), in ``nodes_read`` and, separately, ``nodes_counted``; such a
-long str is read whole. Every length is checked against the part when that part is read.
-
-Everything runs on explicit stacks (no C recursion per level), reads every node through the
-store's verified fetch path, and charges a budget of node bytes like ``load``: hostile node
-bytes give a ``CasError``.
-"""
+"""Structural diff of two checkpoints' states, by their trees of content-addressed nodes."""
 
 from __future__ import annotations
 

@@ -1,21 +1,4 @@
-"""Search the str values of checkpoints' states, reading each distinct tree node once.
-
-A query is a case-insensitive substring, or (``regex=True``) a Python regular expression of at
-most ``MAX_PATTERN`` characters, used as written (case-sensitive unless it says ``(?i)``). Every
-str value inside lists, tuples, dicts and registered objects (dataclasses, pydantic models,
-LangChain messages...) at any depth is searched (dict keys, bytes and sets are not); a value
-reports one match, at its first occurrence. A registered object is searched in its stored data,
-never built (its class need not even be registered in this store): a field is written
-``.name`` in paths, e.g. ``["messages"][3].content`` (see ``walk``).
-
-Threads forked from one conversation share most of their nodes. So the result of each node is
-kept by its id: how many list items it holds and its matches, with paths relative to the node
-(a list part's matches by item index, offset when the part is joined into its list). A node met
-again, in another checkpoint or another thread, costs a lookup, not a read: 1,000 forks of one
-conversation cost about one conversation plus their new parts. The memo is bounded (``MEMO_MAX``
-entries, least recently used first out; each entry is a count and the node's matches, at most
-``limit``); a node evicted and met again is read again.
-"""
+"""Search the str values of checkpoints' states, reading each distinct tree node once."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """Where two long str (or bytes) values differ: the slice from their first to their last
-differing character, found from their chunks (for ``diff``). Pure code over a ``Reader``.
-
-A split str is a tree of chunks whose concatenations give each child's length (characters of a
-str, bytes of a bytes): the common prefix is found by walking both trees from the front,
-skipping a subtree that both sides hold at the same place unread, and the common suffix
-likewise from the back; only the chunks around the change, and the index nodes above them,
-are read. Every length is checked against what is read (a FormatError when one lies). Trees
-written before lengths existed raise ``NoLengths``: the caller compares whole values instead.
-"""
+differing character, found from their chunks. Pure code."""
 
 from __future__ import annotations
 

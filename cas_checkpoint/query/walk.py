@@ -1,23 +1,5 @@
 """A state tree read one node at a time, for operations that skip or reuse work by node id
-(``diff``, ``search``). Pure code: the caller passes a function returning a node's verified
-bytes (``Core``'s fetch path, which re-hashes every node).
-
-``outline`` decodes one node without its children: a ``VALUE`` node's value with ``Link``
-(one child: its value) and ``Joined`` (children joined into one list, tuple, dict, str or bytes,
-with the length of each child's part when the node gives them) in place of its ``Ref``/``Span``
-placeholders, or, for a concatenation node, its shape and its children's lengths. A ``Reader``
-made with ``raw_objects=True`` leaves registered objects as ``Stored`` (class name and stored
-data): no class is looked up or built. Nothing here recurses on the C stack per level of a
-value or of the tree.
-
-Paths name a value from the state's root in Python subscript syntax: ``["messages"][41]``
-(``""`` is the whole state); str keys are written with double quotes, other keys by ``repr``;
-``[a:b]`` is a slice of a str or bytes (``diff`` of long text). Inside a registered object
-(dataclass, pydantic model, adapted class...) a field of its stored data is ``.name`` (a name
-that is not an identifier is written as a JSON string: ``."my field"``; a key that is not a
-str by ``repr`` in brackets: ``.[3]``), and stored data that is not a dict of fields (an Enum's
-value, a RootModel's root, an adapter's data) is ``.value``: ``["messages"][3].content``.
-"""
+(``diff``, ``search``). Pure code."""
 
 from __future__ import annotations
 
@@ -48,7 +30,7 @@ from cas_checkpoint.tree.shapes import (
 __all__ = ["Joined", "Link", "Outline", "Reader", "Stored", "Tally", "field_seg", "index_seg",
            "key_seg", "kind_of", "same", "slice_seg", "snippet"]
 
-ID_COST = 32  # budget charged per child id of a visited node (as join.py does)
+ID_COST = 32  # budget charged per child id of a visited node (as load.py does)
 KINDS: dict[int, type] = {LIST: list, TUPLE: tuple, DICT: dict, STR: str, BYTES: bytes}
 
 
@@ -374,7 +356,7 @@ def fill(value: Any, load: Callable[[Link | Joined], Any]) -> Any:
 
 def concat(oid: str, shape: int, parts: list[Any],
            lengths: tuple[int, ...] | None = None) -> Any:
-    """The values of a split value's children joined as ``shape`` (as ``join.py`` does), each
+    """The values of a split value's children joined as ``shape`` (as ``load.py`` does), each
     checked against its length when ``lengths`` are given."""
     want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
     for part in parts:

@@ -1,26 +1,5 @@
 """Bundles: one portable file holding a thread's checkpoints and every object they reach (like
-``git bundle``), written by ``export_thread`` and read by ``import_bundle``.
-
-Layout (every integer big-endian)::
-
-    magic  b"\\x89CAS-BUNDLE\\r\\n\\x1a\\n" and a format version byte (1)
-    records, each: a kind byte, a u32 body length, the body
-      H  header (once, first): msgpack map  v, thread, head, step, entries, objects, bytes,
-         threads (the threads the records were saved in), created, by
-      E  log entries, oldest first (as many records as needed, each a msgpack list of up to
-         ENTRY_CHUNK entries in the log's own encoding)
-      O  an object: its 32-byte id, then its bytes: each checkpoint record, then the state
-         nodes it reaches that came in no object before (each after the first that names it)
-      Z  trailer (once, last): msgpack map  entries, objects, bytes, and the BLAKE3 digest of
-         every byte before this record
-
-Reading never trusts a length or a count: each record's length is checked against the limit of
-its kind before it is read, and bodies are read in chunks as they arrive, so a lying length or
-a huge count costs at most the bytes actually there. The objects are re-hashed and checked
-against the log as they come (``copy.Checker``); the digest covers the rest. Any damage is a
-``FormatError`` or an ``IntegrityError`` naming what is wrong, and the thread's ref is written
-only after the trailer checked out (objects written before that are garbage for gc).
-"""
+``git bundle``), written by ``export_thread`` and read by ``import_bundle``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Copying threads between stores (``copy_threads``: local -> S3 and back), and the sending end
-that reads a thread out of a store (also what ``export_thread`` writes into a bundle).
-
-A thread is read from its ref and its packs (every object re-hashed as it is taken out) and
-taken into the other store by ``receive.receive``: only what that store does not hold is
-written, and each thread's ref is written last, so a copy killed half way leaves garbage at most
-and running it again finishes it, writing only what the first run did not (``receive.py``).
-Memory: one thread's packs (what loading that thread reads) and the ids of its objects.
-"""
+"""Copying threads between stores, and the sending end that reads a thread out of a store."""
 
 from __future__ import annotations
 

@@ -1,39 +1,5 @@
-"""Taking a thread into a store: the receiving end shared by ``import_bundle`` (``bundle.py``)
-and ``copy_threads`` (``copy.py``).
-
-A *source* hands over one thread: a header (thread id, head, counts), its log entries (oldest
-first), then every object its checkpoints reach (records and state nodes, each after the first
-object that names it), and a final check. ``receive`` takes any source into a store:
-
-* every object is re-hashed, must be named by a log entry or by an object before it, and each
-  record must say exactly what its log entry says (so the checkpoint ids cover the log);
-* the store *holds* an object when it is in a pack (or the inline objects) named by the ref of
-  a thread that shares history with the incoming one: the target thread itself, the threads the
-  records were saved in, and every thread whose ref (head, tail entries, log segment peaks)
-  meets the incoming log. Those refs are read in one round (a list and one GET per ref), and
-  only the packs of the sharing threads are read. Held objects are not written: the new head
-  names the packs that hold them, as a fork does. Not every pack of the store: one that no ref
-  names is garbage gc may delete at any moment, and what a pack holds is known only by reading
-  it whole (its index keeps 4-byte id prefixes), so that would read the whole store. A thread
-  that shares history but shows none of it in its ref (a fork that went on for hundreds of
-  checkpoints, under another name than the records') is missed: its objects are written again,
-  which costs bytes, never correctness;
-* missing objects are written into packs of ``PACK_BYTES``; pack contents follow from the
-  source and what is held, so a pack a killed run already wrote has the same name, is found by
-  listing its folder (one request) and is refreshed, not counted again (a resumed copy writes
-  only what the first run did not);
-* the ref comes last, by compare-and-swap: a new thread; nothing when the thread already has
-  exactly this history; a fast-forward when its history is a prefix of the incoming one;
-  otherwise a ``ConflictError`` that suggests ``as_thread=``.
-
-Memory: the ids of what came in, the ids of the objects in the packs it may reuse, and at most
-``PACK_BYTES`` of new objects (packs written stay in the store's bounded pack cache).
-
-Like a save, an import is a writer for gc: its packs must not be older than gc's grace (one hour
-by default) when its ref lands. A pack it writes, or finds already written, is put (refreshed)
-as it goes; an import or a copy of one thread that runs longer than the grace while gc runs
-with a short grace could lose its first packs (the README's "A writer slower than the grace").
-"""
+"""Taking a thread into a store: the receiving end of ``import_bundle`` and ``copy_threads``.
+Rule: a thread's ref is written last, after every object it reaches."""
 
 from __future__ import annotations
 

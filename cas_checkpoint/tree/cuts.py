@@ -1,6 +1,5 @@
-"""Byte-level helpers of ``tree.py``: walking a msgpack buffer's items without copying it,
-str/bin headers, content-defined cuts of long text, and where a list's plain items close their
-leaves. Pure code."""
+"""Byte-level helpers of the tree build: a msgpack buffer's items without copying it, str/bin
+headers, content-defined cuts of long text. Pure code."""
 
 from __future__ import annotations
 

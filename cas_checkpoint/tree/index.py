@@ -1,10 +1,4 @@
-"""Index nodes and concatenations of a tree (``tree.py``): the nodes above the leaves. Pure code.
-
-``Nodes`` makes and remembers nodes for a build: a concatenation of children (``concat``, many
-at once with ``concats``), and the index levels over a list of leaves (``_index``), up to one top
-node that is returned unwritten (``_Inline``) for its parent or the build to place. How index
-groups are cut, and why an append rewrites only the top node (and the spine when a group
-closes), is told in ``tree.py``'s docstring and in ``_index``."""
+"""Index nodes and concatenations of a tree: the nodes above the leaves. Pure code."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
-"""Join a state back from its nodes: the inverse of ``tree.build``. Pure code.
-
-The loader never recurses on the C stack per tree level: nodes are evaluated by an explicit
-stack, children first, and each node's payload is decoded once, on its own (one ``unpackb``
-call at a time), its ``Ref``/``Span`` placeholders answered from its children's values. A list,
-tuple or dict split over leaves that hold no placeholders is joined fast: the leaves' item bytes
-are concatenated and decoded in one pass. A split str or bytes is joined once from its leaves
-(not once per index level).
-
-Lengths that concatenations and ``Span`` placeholders give for their children's parts (see
-``tree``) are checked against the parts joined: a node whose lengths disagree with its children
-is refused (FormatError). Nodes written before lengths existed are joined as before.
-
-Bounds that the data cannot move: ``MAX_DEPTH`` node levels; an expansion budget of node bytes
-(a node shared by many parents counts once per use) of ``EXPANSION`` times the distinct node
-bytes read, and never more than ``LOAD_BUDGET``. ``tree.build`` refuses any state these would
-refuse, so whatever a save accepts, a load returns.
-"""
+"""A state joined back from its nodes: the inverse of ``build``. Pure code.
+Rule: no C-stack recursion per tree level."""
 
 from __future__ import annotations
 

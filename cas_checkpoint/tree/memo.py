@@ -1,8 +1,6 @@
-"""What ``tree.build`` remembers between builds (``Memo``), so that a save does not hash or
-group again what did not change. Pure code. Everything is keyed by content (bytes, ids), never
-by object identity, so a list changed in place is seen as changed; a build that uses a memo
-gives exactly the nodes of one from scratch (``tests/test_tree.py`` checks it over random edit
-sequences)."""
+"""What a build remembers between builds (``Memo``), so that a save does not hash or group again
+what did not change. Pure code.
+Rule: keyed by content, never by object identity."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Node shapes and the limits shared by ``tree`` (build) and ``join`` (load). Pure code.
-
-Every node payload starts with a shape byte: ``VALUE`` (codec bytes of a value, whose ``Ref(i)``
-stand for child ``i`` and whose ``Span(shape, i, n, lengths)`` for children ``i .. i+n-1``
-joined), or a concatenation (``LIST``, ``TUPLE``, ``DICT``, ``STR``, ``BYTES``) of its children
-in order. A concatenation written now has ``COUNTED`` added to its shape byte and one minimal
-LEB128 varint per child after it: the length of that child's part (items of a list or tuple,
-pairs of a dict, characters of a str, bytes of a bytes). Nodes written before carry no lengths
-(one shape byte, nothing after it): readers still accept them and count by reading.
-
-The limits hold for any data: ``build`` refuses (SerializationError) every state that ``load``
-would refuse (FormatError), so whatever a save accepts, a load returns.
-"""
+"""Node shapes and the limits shared by the tree's build and load. Pure code."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 LangGraph stores a channel's value once per channel version: its own savers write a blob only
 for the channels in ``new_versions`` and refer to the old blob otherwise, so a value must not
 change without a new version (a node changes state by returning an update). CasSaver stores
-the whole checkpoint as one state, split into shared nodes (``tree.py``), so it needs the whole
+the whole checkpoint as one state, split into shared nodes (``build.py``), so it needs the whole
 encoding each put; ``PutEncoder`` makes it from the encodings of the last put of that thread
 and namespace:
 
