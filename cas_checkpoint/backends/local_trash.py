@@ -13,19 +13,26 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cas_checkpoint.backends.base import ObjectInfo
 from cas_checkpoint.errors import StorageError
-
-if TYPE_CHECKING:
-    from cas_checkpoint.backends.local import LocalBackend
 
 TRASH_STALE = 600.0  # seconds: a trash folder this old was left by a gc that died
 PACKS = "packs"  # the folder of objects (the one gc deletes from)
 
 
-def _path(backend: LocalBackend, key: str) -> str:
+class LocalDirectory(Protocol):
+    """What these steps need of a ``local.LocalBackend``."""
+
+    root: str
+
+    def stale_temps(self, before: float) -> list[tuple[str, int]]: ...
+
+    def _fsync_dir(self, folder: str) -> None: ...
+
+
+def _path(backend: LocalDirectory, key: str) -> str:
     return os.path.join(backend.root, *key.split("/"))
 
 
@@ -35,7 +42,7 @@ def _housekeeping(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def run_it(backend: LocalBackend, *args: Any) -> Any:
+        def run_it(backend: LocalDirectory, *args: Any) -> Any:
             try:
                 return fn(backend, *args)
             except OSError as exc:
@@ -44,7 +51,7 @@ def _housekeeping(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any
     return wrap
 
 
-def housekeeping_error(backend: LocalBackend, what: str, exc: OSError) -> StorageError:
+def housekeeping_error(backend: LocalDirectory, what: str, exc: OSError) -> StorageError:
     gc_dir = os.path.join(backend.root, "gc")
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         todo = ("this process has run out of file descriptors: raise its limit (`ulimit -n`) "
@@ -62,7 +69,7 @@ def housekeeping_error(backend: LocalBackend, what: str, exc: OSError) -> Storag
 
 
 @_housekeeping("delete writers' stale temp files")
-def delete_stale_temps(backend: LocalBackend, cutoff: float, dry_run: bool) -> int:
+def delete_stale_temps(backend: LocalDirectory, cutoff: float, dry_run: bool) -> int:
     """Delete temp files older than the grace: no live writer holds one that long. Returns how
     many there were."""
     stale = backend.stale_temps(cutoff)
@@ -77,7 +84,7 @@ def _object_name(name: str) -> bool:
 
 
 @_housekeeping("put back what an earlier gc left in its trash")
-def restore_trash(backend: LocalBackend) -> None:
+def restore_trash(backend: LocalDirectory) -> None:
     """Put back what a gc that died mid-sweep left in its trash (putting garbage back is always
     safe; the next gc deletes it again)."""
     gc_dir = os.path.join(backend.root, "gc")
@@ -104,7 +111,7 @@ def restore_trash(backend: LocalBackend) -> None:
             continue
 
 
-def delete_unless_touched(backend: LocalBackend, infos: list[ObjectInfo],
+def delete_unless_touched(backend: LocalDirectory, infos: list[ObjectInfo],
                           cutoff: float) -> list[bool]:
     """Rename each of ``infos`` into a trash folder, then look at its modified time: a writer
     that refreshed it before the rename moved it, so it goes back; a writer that comes after
@@ -120,16 +127,16 @@ def delete_unless_touched(backend: LocalBackend, infos: list[ObjectInfo],
 
 
 @_housekeeping("make its trash folder")
-def _make_trash(backend: LocalBackend, trash: str) -> None:
+def _make_trash(backend: LocalDirectory, trash: str) -> None:
     os.makedirs(trash)
 
 
 @_housekeeping("remove its trash folder")
-def _drop_trash(backend: LocalBackend, trash: str) -> None:
+def _drop_trash(backend: LocalDirectory, trash: str) -> None:
     os.rmdir(trash)
 
 
-def _trash_batch(backend: LocalBackend, trash: str, batch: list[ObjectInfo],
+def _trash_batch(backend: LocalDirectory, trash: str, batch: list[ObjectInfo],
                  cutoff: float) -> list[bool]:
     """The rename, check and unlink of each of ``batch`` (True: deleted), on a small thread
     pool."""
