@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from .backends import Backend, RefMismatch
-from .errors import NotFoundError
-from .refs import thread_key
-from .store import CheckpointStore
+from cas_checkpoint.backends import Backend, RefMismatch
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.errors import NotFoundError
+from cas_checkpoint.store import CheckpointStore
 
 __all__ = ["BackendTests"]
 

@@ -13,7 +13,8 @@ import pytest
 
 from cas_checkpoint import Key
 from cas_checkpoint.backends import Backend, open_backend
-from cas_checkpoint.crypto import Keyring, SealedBackend
+from cas_checkpoint.backends.sealed import SealedBackend
+from cas_checkpoint.format.sealing import Keyring
 from cas_checkpoint.testing import BackendTests
 
 

@@ -22,10 +22,10 @@ from cas_checkpoint import (
     IntegrityError,
     InvalidArgumentError,
 )
-from cas_checkpoint.marker import MARKER, Settings
-from cas_checkpoint.objects import NODE, ObjectId, object_id, object_kind
-from cas_checkpoint.objstore import parse_pack
-from cas_checkpoint.packfile import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
+from cas_checkpoint.engine.object_store import parse_pack
+from cas_checkpoint.engine.settings import MARKER, Settings
+from cas_checkpoint.format.objects import NODE, ObjectId, object_id, object_kind
+from cas_checkpoint.format.pack import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
 
 _msg = partial(msg, text="the refund policy covers annual plans ", times=9)
 

@@ -31,13 +31,13 @@ from cas_checkpoint import (
     copy_threads,
 )
 from cas_checkpoint.aio import AsyncCheckpointStore
-from cas_checkpoint.crypto import BrokenSeal, Keyring, open_sealed_pack, seal_pack
-from cas_checkpoint.heads import Head
-from cas_checkpoint.marker import MARKER
-from cas_checkpoint.objects import NODE, object_id, object_kind
-from cas_checkpoint.objstore import key_pack_id, parse_pack
-from cas_checkpoint.packfile import ENCRYPTED, ZSTD, decode_pack, encode_pack
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.engine.object_store import key_pack_id, parse_pack
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.engine.settings import MARKER
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import NODE, object_id, object_kind
+from cas_checkpoint.format.pack import ENCRYPTED, ZSTD, decode_pack, encode_pack
+from cas_checkpoint.format.sealing import BrokenSeal, Keyring, open_sealed_pack, seal_pack
 
 SECRET_WORDS = ("refund-policy-7731", "Zanzibar", "label-k9", "meta-v42", "tag-q17")
 
@@ -516,8 +516,8 @@ def test_sealing_a_head_lists_the_packs_of_exactly_those_bytes(monkeypatch: Any)
     """A save seals the head it just encoded without decoding it again (its packs are known);
     any other bytes, an older head's or an equal copy, are decoded: the clear pack list of a
     sealed head is always that of the bytes sealed, never of the head encoded last."""
-    from cas_checkpoint import heads
-    from cas_checkpoint.crypto import _clear_part, seal_head
+    from cas_checkpoint.format import heads
+    from cas_checkpoint.format.sealing import _clear_part, seal_head
 
     key = Key.generate()
 

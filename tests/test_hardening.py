@@ -26,9 +26,9 @@ from cas_checkpoint import (
     UnsafeStorageError,
 )
 from cas_checkpoint.backends import local as backend_mod
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import LogEntry
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import LogEntry
 
 
 def _big(n: int, salt: str = "") -> dict[str, Any]:
@@ -341,7 +341,7 @@ def test_a_link_out_of_the_root_is_never_written_through(tmp_path: Any) -> None:
     os.makedirs(outside)
     store = CheckpointStore.open(root)
     state = _big(300)
-    built = __import__("cas_checkpoint").tree.build(state)
+    built = __import__("cas_checkpoint.tree.build").tree.build.build(state)
     assert built.objects
     os.makedirs(os.path.join(root, "packs"), exist_ok=True)
     for i in range(256):  # every pack folder a link out

@@ -126,11 +126,11 @@ def test_hostile_nodes_are_format_errors() -> None:
     import msgpack
     from test_diff import _link, _node
 
-    from cas_checkpoint.links import Ref, Span
-    from cas_checkpoint.objects import ObjectId, object_id
-    from cas_checkpoint.part import _Walk, walk_to
-    from cas_checkpoint.shapes import DICT, LIST, VALUE
-    from cas_checkpoint.walk import Reader, Tally
+    from cas_checkpoint.format.objects import ObjectId, object_id
+    from cas_checkpoint.format.placeholders import Ref, Span
+    from cas_checkpoint.query.part import _Walk, walk_to
+    from cas_checkpoint.query.walk import Reader, Tally
+    from cas_checkpoint.tree.shapes import DICT, LIST, VALUE
 
     nodes: dict[str, bytes] = {}
 

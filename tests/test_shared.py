@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from builders import random_msg
 
-from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
-from cas_checkpoint import objstore as objstore_mod
-from cas_checkpoint import tree as tree_mod
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objstore import ObjectStore, pack_key
+from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError
+from cas_checkpoint.engine import object_store as objstore_mod
+from cas_checkpoint.engine import process_caches
+from cas_checkpoint.engine.object_store import ObjectStore, pack_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.tree import build as tree_mod
 
 
 def _url() -> str:
@@ -66,7 +67,7 @@ def test_a_new_store_object_reuses_what_another_verified(monkeypatch: Any) -> No
     assert counts.parsed == 0  # the packs the writer wrote, parsed once in this process
     assert counts.heads == 0  # the head the writer decoded
     assert counts.joined == 0  # a state the writer saved: decoded in one pass
-    shared.STATES.clear()
+    process_caches.STATES.clear()
     second = CheckpointStore.open(url)
     assert second.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
     assert (counts.parsed, counts.heads, counts.joined) == (0, 0, 1)  # joined from its nodes
@@ -87,8 +88,8 @@ def test_shared_packs_still_hash_each_object_once(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(objstore_mod, "object_id", counting)
     cid = ids[-3]
-    shared.PACKS.clear()  # as if another process had written them: nothing hashed here yet
-    shared.STATES.clear()
+    process_caches.PACKS.clear()  # as if another process had written them: nothing hashed here yet
+    process_caches.STATES.clear()
     CheckpointStore.open(url).load("t", cid)
     first = len(hashed)
     assert first > 0  # the objects taken out of the packs were hashed...
@@ -134,8 +135,8 @@ def test_a_store_made_again_under_the_same_name_is_read_afresh() -> None:
 
 def test_other_stores_and_encrypted_stores_share_nothing() -> None:
     a, b = CheckpointStore.open(_url()), CheckpointStore.open(_url())
-    assert a.backend.shared is not b.backend.shared
-    assert CheckpointStore.open(a.url).backend.shared is a.backend.shared
+    assert a._core.objects.shared is not b._core.objects.shared
+    assert CheckpointStore.open(a.url)._core.objects.shared is a._core.objects.shared
     key = Key.generate()
     sealed = CheckpointStore.open(_url(), encryption=key)
     _thread(sealed, 30)
@@ -144,7 +145,7 @@ def test_other_stores_and_encrypted_stores_share_nothing() -> None:
 
 
 def test_the_shared_caches_are_bounded() -> None:
-    lru = shared._LRU(1000)
+    lru = process_caches._LRU(1000)
     for i in range(50):
         lru.put(i, b"x" * 100, 100)
     assert lru.bytes <= 1000 and len(lru.items) == 10

@@ -22,7 +22,7 @@ from cas_checkpoint import (
     SerializationError,
     StorageError,
 )
-from cas_checkpoint.objects import NODE, RECORD, object_kind
+from cas_checkpoint.format.objects import NODE, RECORD, object_kind
 
 
 def objects_of(store: CheckpointStore, kind: bytes | None = None) -> list[str]:
@@ -172,7 +172,7 @@ def test_long_thread_keeps_head_small_and_history_exact(store: CheckpointStore) 
 
 
 def _key(thread: str) -> str:
-    from cas_checkpoint.refs import thread_key
+    from cas_checkpoint.engine.refs import thread_key
     return thread_key(thread).rsplit("/", 1)[1]
 
 
@@ -434,7 +434,7 @@ def test_a_save_that_loses_a_race_writes_its_pack_again(monkeypatch: pytest.Monk
 
 
 def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
-    from cas_checkpoint.objects import Record
+    from cas_checkpoint.format.objects import Record
 
     states = [msgs(i) for i in range(1, 4)]
     ids = [store.save("t", s).id for s in states]
@@ -452,7 +452,7 @@ def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
 
 
 def test_an_inline_root_is_no_object_of_its_own(store: CheckpointStore) -> None:
-    from cas_checkpoint.objects import Record
+    from cas_checkpoint.format.objects import Record
 
     state = {"doc": "y" * 1500, "step": 1}  # the 1.5 KB doc is a node under a small root
     cid = store.save("t", state).id

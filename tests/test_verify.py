@@ -12,15 +12,24 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CasError, CheckpointStore, IntegrityError, StorageError, codec, tree
+from cas_checkpoint import CasError, CheckpointStore, IntegrityError, StorageError
 from cas_checkpoint.cli import main
-from cas_checkpoint.heads import Head, PackRef, Peak
-from cas_checkpoint.objects import LogEntry, ObjectId, Record, decode_node, encode_node, object_id
-from cas_checkpoint.objstore import key_pack_id, pack_key
-from cas_checkpoint.packfile import decode_pack, encode_pack
-from cas_checkpoint.packing import make_pack
-from cas_checkpoint.refs import HEADS, thread_key
-from cas_checkpoint.shapes import MAX_DEPTH
+from cas_checkpoint.engine.object_store import key_pack_id, pack_key
+from cas_checkpoint.engine.refs import HEADS, thread_key
+from cas_checkpoint.engine.staging import make_pack
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.heads import Head, PackRef, Peak
+from cas_checkpoint.format.objects import (
+    LogEntry,
+    ObjectId,
+    Record,
+    decode_node,
+    encode_node,
+    object_id,
+)
+from cas_checkpoint.format.pack import decode_pack, encode_pack
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree.shapes import MAX_DEPTH
 
 NO_S3 = ["memory", "local"]
 KEYS = {"ok", "url", "deep", "sample", "thread", "threads", "checkpoints", "objects",

@@ -10,10 +10,17 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from .. import CasError
-from . import demo, move, read, repair, ui, write
-from .common import ERROR, CliError, add_store_options, count, duration, positive_int
-from .wording import for_cli
+from cas_checkpoint import CasError
+from cas_checkpoint.cli import demo, move, read, repair, ui, write
+from cas_checkpoint.cli.common import (
+    ERROR,
+    CliError,
+    add_store_options,
+    count,
+    duration,
+    positive_int,
+)
+from cas_checkpoint.cli.wording import for_cli
 
 Command = Callable[[argparse.Namespace], int]
 

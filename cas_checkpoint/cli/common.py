@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import (
+from cas_checkpoint import (
     CheckpointInfo,
     CheckpointStore,
     InvalidArgumentError,
@@ -22,8 +22,8 @@ from .. import (
     NotFoundError,
     TypeRegistry,
 )
-from .._fmt import plural
-from ..walk import Stored
+from cas_checkpoint.humanize import plural
+from cas_checkpoint.query.walk import Stored
 
 OK, PROBLEMS, ERROR = 0, 1, 2  # exit codes
 
@@ -107,7 +107,7 @@ def _types(args: argparse.Namespace) -> Any:  # a TypeRegistry (open() takes one
     reg = TypeRegistry()
     if getattr(args, "types", None) == "langgraph":
         try:
-            from ..integrations.langgraph import default_types
+            from cas_checkpoint.integrations.langgraph import default_types
         except ImportError as exc:
             raise CliError(f"--types langgraph needs LangGraph: pip install "
                            f"'cas_checkpoint[langgraph]' ({exc})") from None

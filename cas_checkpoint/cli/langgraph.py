@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .. import CheckpointInfo, CheckpointStore, NotFoundError
-from .._fmt import human_bytes, plural
-from ..integrations.lgnames import name_of as name_of
-from ..integrations.lgnames import parse_name as parse_name
-from ..objects import CheckpointId
-from . import common
-from .common import CliError
+from cas_checkpoint import CheckpointInfo, CheckpointStore, NotFoundError
+from cas_checkpoint.cli import common
+from cas_checkpoint.cli.common import CliError
+from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.humanize import human_bytes, plural
+from cas_checkpoint.integrations.langgraph_threads import name_of as name_of
+from cas_checkpoint.integrations.langgraph_threads import parse_name as parse_name
 
 SPECIAL = {"__interrupt__": "interrupt", "__error__": "error", "__resume__": "resume"}
 _LG_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f-]{1,27}")  # LangGraph's uuid-like ids (or a prefix)

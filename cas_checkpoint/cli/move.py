@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import copy_threads
-from .._fmt import human_bytes, plural
-from . import langgraph as lg
-from .common import OK, emit_json, open_store
-from .progress import bar
+from cas_checkpoint import copy_threads
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import OK, emit_json, open_store
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def _report(r: Any) -> dict[str, Any]:

@@ -10,13 +10,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import CasError, CheckpointInfo, CheckpointStore, SearchResult
-from .._fmt import human_bytes, plural
-from . import langgraph as lg
-from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store
-from .progress import bar
-from .render import follow, graph, info_line, parse_path, path_text, render
-from .wording import for_cli
+from cas_checkpoint import CasError, CheckpointInfo, CheckpointStore, SearchResult
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import (
+    OK,
+    PROBLEMS,
+    CliError,
+    emit_json,
+    info_dict,
+    jsonable,
+    open_store,
+)
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.cli.render import follow, graph, info_line, parse_path, path_text, render
+from cas_checkpoint.cli.wording import for_cli
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def _console() -> Console:

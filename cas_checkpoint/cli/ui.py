@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import OK, CliError, open_store
+from cas_checkpoint.cli.common import OK, CliError, open_store
 
 DEFAULT_PORT = 8765
 
@@ -40,7 +40,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..ui import create_app
+        from cas_checkpoint.ui import create_app
     except ImportError as exc:
         raise CliError(f"the viewer needs its extra: pip install 'cas_checkpoint[ui]' "
                        f"({exc})") from None

@@ -7,10 +7,9 @@ import argparse
 import sys
 from typing import Any
 
-from .. import CheckpointStore, Key, NotFoundError, PruneReport
-from .._fmt import human_bytes, plural
-from . import langgraph as lg
-from .common import (
+from cas_checkpoint import CheckpointStore, Key, NotFoundError, PruneReport
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import (
     OK,
     CliError,
     emit_json,
@@ -19,8 +18,9 @@ from .common import (
     open_store,
     storage_options,
 )
-from .progress import bar
-from .wording import for_cli
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.cli.wording import for_cli
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def cmd_init(args: argparse.Namespace) -> int:

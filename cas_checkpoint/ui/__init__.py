@@ -4,6 +4,6 @@ with uvicorn. The library never imports this package; it needs Starlette, Jinja2
 
 from __future__ import annotations
 
-from .app import create_app
+from cas_checkpoint.ui.app import create_app
 
 __all__ = ["create_app"]

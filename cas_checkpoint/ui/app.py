@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import (
+from cas_checkpoint import (
     CasError,
     CheckpointId,
     CheckpointStore,
@@ -34,9 +34,9 @@ from .. import (
     StatePart,
     VerifyReport,
 )
-from .._fmt import human_bytes
-from . import view
-from .graph import layout
+from cas_checkpoint.humanize import human_bytes
+from cas_checkpoint.ui import view
+from cas_checkpoint.ui.graph import layout
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..cli.render import graph as lanes
-from ..model import CheckpointInfo
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.query.lanes import graph as lanes
 
 ROW, COL, PAD = 30, 16, 12  # pixels: a row, a lane, the margin
 

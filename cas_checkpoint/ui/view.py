@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codec import TypeRegistry
-from ..part import Unread
+from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.query.part import Unread
 
 EAGER_NODES = 150  # nodes of a state drawn with the page; deeper or larger parts load on expand
 PAGE_ITEMS = 100  # items of a list or dict drawn per request
