@@ -1,0 +1,107 @@
+"""Group commit for CasSaver's async face: the ``aput``/``aput_writes`` calls of one store
+thread (a LangGraph thread and namespace) that are in flight together share one
+compare-and-swap of its ref.
+
+LangGraph's default durability ("async") issues a step's pending writes as concurrent tasks
+and the checkpoint's put in the background while the next step runs, so several saves of one
+thread are usually waiting at once. Each call prepares its save in its own task (parent
+lookup, encoding, splitting and hashing the state: ``Core.prepare``), then joins the thread's
+queue. One task per event loop and thread (the committer) takes everything queued and commits
+it with ``Core.commit``: every part appended in arrival order, each ``check`` run on the head
+the parts before it left, one pack at most, one ref write. Parts that arrive while a commit is
+in flight wait for the next one. So a turn flushes once per group instead of once per call,
+and the thread's saves still land in the order they were called, as the per-thread lock before
+this made them.
+
+Every caller returns only once the commit holding its part is durable (the ref written), with
+its own result, or raises its own error when its part alone is refused (a ``ConflictError``
+under ``conflicts="raise"``); an error of the whole commit (storage) is raised in each of its
+callers. Between processes nothing changes: the compare-and-swap decides, and a group that
+loses a race is rebuilt on the new head as one save would be.
+
+Cancellation: a call cancelled while its part is still queued is taken out (it did not land,
+nothing was written for it); one cancelled once its part is in a commit waits for that commit
+and raises ``CancelledError`` carrying the result in ``cas_checkpoint.landed(exc)``, as every
+async save does (``ops.arun``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ...backends import Backend
+from ...commit import Part
+from ...core import Core
+from ...model import CheckpointInfo
+from ...ops import arun
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One event loop's queued parts for one store thread, and its committer task."""
+
+    parts: list[tuple[Part, asyncio.Future[CheckpointInfo]]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+class Groups:
+    """The queues of one saver's store threads (per event loop; kept while a part waits)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self._queues: dict[tuple[int, str], _Queue] = {}
+        self.commits = 0  # commits made (a test reads how many calls each one carried)
+
+    async def save(self, name: str, part: Part, backend: Backend) -> CheckpointInfo:
+        """Commit ``part`` to store thread ``name`` with the others queued there; its
+        ``CheckpointInfo`` once durable, or its error."""
+        loop = asyncio.get_running_loop()
+        key = (id(loop), name)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue()
+        fut: asyncio.Future[CheckpointInfo] = loop.create_future()
+        item = (part, fut)
+        queue.parts.append(item)
+        if queue.task is None:  # (started on the loop's next round: tasks that call now join)
+            queue.task = loop.create_task(self._drain(key, queue, backend))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError as cancelled:
+            if item in queue.parts:  # not in a commit yet: it does not land
+                queue.parts.remove(item)
+                raise
+            try:
+                result = await fut  # in a commit: it finishes first (see the module docs)
+            except Exception:
+                raise cancelled from None
+            cancelled.cas_result = result  # type: ignore[attr-defined]
+            raise cancelled from None
+
+    async def _drain(self, key: tuple[int, str], queue: _Queue, backend: Backend) -> None:
+        """Commit what is queued, group after group, until nothing is."""
+        try:
+            while queue.parts:
+                batch, queue.parts = queue.parts, []
+                self.commits += 1
+                try:
+                    got = await arun(self._core.commit(key[1], [p for p, _ in batch]), backend)
+                except BaseException as exc:  # the whole commit failed: every caller's error
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc if isinstance(exc, Exception)
+                                              else asyncio.CancelledError())
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for (_, fut), result in zip(batch, got, strict=True):
+                    if fut.done():
+                        continue
+                    if isinstance(result, Exception):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            queue.task = None
+            if not queue.parts and self._queues.get(key) is queue:
+                del self._queues[key]
