@@ -71,11 +71,15 @@ class Groups:
             if item in queue.parts:  # not in a commit yet: it does not land
                 queue.parts.remove(item)
                 raise
-            try:
-                result = await fut  # in a commit: it finishes first (see the module docs)
-            except Exception:
-                raise cancelled from None
-            cancelled.cas_result = result  # type: ignore[attr-defined]
+            while not fut.done():  # in a commit: it finishes first (see the module docs)
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    continue  # (cancelled again: the commit still decides)
+                except Exception:
+                    break
+            if not fut.cancelled() and fut.exception() is None:
+                cancelled.cas_result = fut.result()  # type: ignore[attr-defined]
             raise cancelled from None
 
     async def _drain(self, key: tuple[int, str], queue: _Queue, backend: Backend) -> None:
@@ -86,14 +90,15 @@ class Groups:
                 self.commits += 1
                 try:
                     got = await arun(self._core.commit(key[1], [p for p, _ in batch]), backend)
-                except BaseException as exc:  # the whole commit failed: every caller's error
+                except Exception as exc:  # the whole commit failed: every caller's error
                     for _, fut in batch:
                         if not fut.done():
-                            fut.set_exception(exc if isinstance(exc, Exception)
-                                              else asyncio.CancelledError())
-                    if not isinstance(exc, Exception):
-                        raise
+                            fut.set_exception(exc)
                     continue
+                except BaseException:  # (this task cancelled with its loop)
+                    for _, fut in batch:
+                        fut.cancel()
+                    raise
                 for (_, fut), result in zip(batch, got, strict=True):
                     if fut.done():
                         continue
@@ -103,5 +108,11 @@ class Groups:
                         fut.set_result(result)
         finally:
             queue.task = None
-            if not queue.parts and self._queues.get(key) is queue:
+            if queue.parts and not asyncio.get_running_loop().is_closed():
+                # (left by a committer cancelled with its loop: nothing will commit them)
+                for _, fut in queue.parts:
+                    if not fut.done():
+                        fut.cancel()
+                queue.parts.clear()
+            if self._queues.get(key) is queue:
                 del self._queues[key]
