@@ -23,7 +23,7 @@ from .backends import Backend
 from .errors import CasError, FormatError, IntegrityError, InvalidArgumentError, NotFoundError
 from .heads import Head
 from .objects import ObjectId, Record, decode_node, inline_id, object_id, object_ids
-from .ops import GetMany, PutMany, Sleep, Step
+from .ops import Blocking, GetMany, PutMany, Sleep, Step
 from .packcache import PackCache
 from .packfile import PackIndex, Sealing, Zstd, open_pack, pack_prefix
 from .shared import Shared
@@ -33,6 +33,9 @@ _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
 VIEWS_KEPT = 64  # threads whose newest view is kept (for the next read of the same head)
+
+
+PACK_FOLDERS = tuple(f"{PREFIX}/{i:02x}" for i in range(256))  # (pack_key's folders)
 
 
 def pack_key(pid: str) -> str:
@@ -335,6 +338,7 @@ class ObjectStore:
         # encrypted store (a store object without the key must not read what another opened)
         self.shared: Shared | None = backend.shared if self.keyring is None else None
         self._settling = False  # a step is reading the settings now (see settle)
+        self._folders = not backend.has_folders  # the pack folders are made (durably)
         self.cache = PackCache(cache_bytes, None if self.shared is None else
                                self.shared.drop_packs)  # (memory://: the shared ones too)
         self._cache = self.cache.packs  # (the packs by id, least recently used first)
@@ -467,6 +471,10 @@ class ObjectStore:
         is not decompressed or decrypted again to be cached)."""
         if not packs:
             return
+        if not self._folders:  # local disk, this object's first pack: all pack folders and
+            # their names made durable in one flush, not one the first time each is used
+            yield Blocking(self.backend.prepare_folders, (PACK_FOLDERS,))
+            self._folders = True
         yield PutMany({pack_key(k): v for k, v in packs.items()})
         self._remember_new(packs, contents or {}, opened or {})
 

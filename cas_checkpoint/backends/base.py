@@ -54,6 +54,13 @@ class Backend(ABC):
     url: str
     concurrency: int = 16
     shared: Any = None  # caches shared by store objects of this storage (``shared.py``)
+    has_folders = False  # folders are real and their names need flushing (local disk)
+
+    def prepare_folders(self, folders: Iterable[str]) -> None:
+        """Make these folders (a key layout's fan-out, such as the pack folders) and their
+        names durable at once, before keys are written into them. Only a backend that
+        ``has_folders`` does anything."""
+        return None
 
     @abstractmethod
     def get(self, key: str) -> bytes:
