@@ -156,14 +156,19 @@ def commit(core: Core, thread_id: str, parts: list[Part],
         return ((yield from core.refs.holds(ref.head, last, done["base"]))
                 if last is not None and done else False)
 
-    # (The known-objects set stays in place while this commit runs: concurrent saves on one
-    # thread, from tasks or threads, each skip what the lineage is known to hold.)
-    core._threads.forget(thread_id, ref_only=True)
+    # (What this store object knows of the thread stays in place while this commit runs: the
+    # ref it last saw (a guess here, and a log only grows at its end: a reader that finds a
+    # checkpoint in it needs no read, as the LangGraph saver's parent lookup of the next put
+    # while pending writes commit), and the objects the lineage holds (concurrent saves on one
+    # thread, from tasks or threads, each skip them). A commit that fails forgets the ref.)
     try:
         ref = yield from core.refs.update(thread_id, change, expected_head=expected_head,
                                           current=current, done=holds)
     except _NoneLeft:
         return parts
+    except BaseException:
+        core._threads.forget(thread_id, ref_only=True)
+        raise
     landed = [p for p in parts if p.entry is not None]
     for part in landed:
         if part.encoded is not None:
