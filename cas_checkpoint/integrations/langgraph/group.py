@@ -40,6 +40,7 @@ from ...ops import arun
 class _Queue:
     """One event loop's queued parts for one store thread, and its committer task."""
 
+    loop: asyncio.AbstractEventLoop
     parts: list[tuple[Part, asyncio.Future[CheckpointInfo]]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
 
@@ -58,12 +59,13 @@ class Groups:
         loop = asyncio.get_running_loop()
         key = (id(loop), name)
         queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = _Queue()
+        if queue is None or queue.loop is not loop:  # (a loop closed with its queue left,
+            queue = self._queues[key] = _Queue(loop)  # whose id a new loop has now)
         fut: asyncio.Future[CheckpointInfo] = loop.create_future()
         item = (part, fut)
         queue.parts.append(item)
-        if queue.task is None:  # (started on the loop's next round: tasks that call now join)
+        if queue.task is None or queue.task.done():  # (it starts on the loop's next round:
+            # the tasks that call now join this commit)
             queue.task = loop.create_task(self._drain(key, queue, backend))
         try:
             return await asyncio.shield(fut)
