@@ -2,7 +2,11 @@
 (group commits) on a local store, turn after turn, and prints each ``aput``/``aput_writes``
 as it returns (acknowledged), until it is killed.
 
-    python tests/lg_group_worker.py STORE_PATH THREAD SEED
+    python tests/lg_group_worker.py STORE_PATH THREAD SEED [CONFLICTS TURNS]
+
+With TURNS it stops after that many turns (printing "done"); a turn that raises
+``ConflictError`` (``CONFLICTS`` = raise, another process moved the thread) prints "conflict"
+and the next turn goes on from the thread's latest checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Annotated, Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
+from cas_checkpoint import ConflictError
 from cas_checkpoint.integrations.langgraph import CasSaver
 
 
@@ -60,13 +65,21 @@ def graph(saver: CasSaver, rnd: random.Random) -> Any:
 
 async def main() -> None:
     path, thread, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    conflicts = sys.argv[4] if len(sys.argv) > 4 else "keep"
+    turns = int(sys.argv[5]) if len(sys.argv) > 5 else None
     rnd = random.Random(seed)
-    saver = Acking.from_url(path)
+    saver = Acking.from_url(path, conflicts=conflicts)
     app = graph(saver, rnd)
     config = {"configurable": {"thread_id": thread}}
     print("ready", flush=True)
-    while True:
-        await app.ainvoke({"items": []}, config)
+    done = 0
+    while turns is None or done < turns:
+        try:
+            await app.ainvoke({"items": []}, config)
+        except ConflictError:
+            print("conflict", flush=True)
+        done += 1
+    print("done", flush=True)
 
 
 asyncio.run(main())

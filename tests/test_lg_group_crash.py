@@ -1,5 +1,6 @@
-"""kill -9 while CasSaver's async face group-commits an agent graph's puts and pending writes:
-every call that returned (acknowledged) is there afterwards, read by a new saver."""
+"""Processes and CasSaver's async face's group commits: kill -9 while it group-commits an agent
+graph's puts and pending writes (every call that returned is there afterwards, read by a new
+saver), and two processes running one thread at once (both keep their saves, or raise)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from _soak import soak
 from langchain_core.runnables import RunnableConfig
 
@@ -66,4 +68,45 @@ def test_acknowledged_group_commits_survive_kill_9(tmp_path: Path) -> None:
     assert len(puts) > KILLS and len(writes) > KILLS  # (the kills did not all come early)
     print(f"\n[soak] group commit crash: kills {KILLS}, acknowledged puts {len(puts)}, "
           f"writes {len(writes)}")
+    assert CheckpointStore.open(url).verify().ok
+
+
+def _acked(out: str) -> tuple[list[tuple[str, str]], int]:
+    puts = [(p[1], p[2]) for p in (line.split() for line in out.split("\n"))
+            if len(p) == 3 and p[0] == "put"]
+    return puts, out.count("conflict\n")
+
+
+@pytest.mark.parametrize("mode", ["keep", "raise"])
+def test_two_processes_on_one_thread(tmp_path: Path, mode: str) -> None:
+    """Two processes run the fan-out graph on one thread at once, 8 turns each. ``keep``:
+    every put either acknowledged is in the thread (the thread may branch); ``raise``: every
+    acknowledged put too, and the thread's checkpoints form one line (each put's parent is the
+    checkpoint before it: a put that was not the latest raised ConflictError instead)."""
+    url = str(tmp_path / "store")
+    CasSaver.from_url(url)  # (the store exists before both start)
+    procs = [subprocess.Popen([sys.executable, str(WORKER), url, "t", str(k), mode, "8"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    puts: list[tuple[str, str]] = []
+    conflicts = 0
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0 and out.endswith("done\n"), err[-3000:]
+        got, n = _acked(out)
+        puts += got
+        conflicts += n
+    saver = CasSaver.from_url(url)
+    listed = {c.config["configurable"]["checkpoint_id"]: c
+              for c in saver.list({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})}
+    root = [cid for ns, cid in puts if ns == "-"]
+    assert set(root) <= set(listed) and len(root) >= 16
+    print(f"\n[two processes, {mode}] acknowledged puts {len(puts)}, conflicts raised "
+          f"{conflicts}, checkpoints {len(listed)}")
+    if mode == "raise":
+        parents = [c.parent_config["configurable"]["checkpoint_id"] for c in listed.values()
+                   if c.parent_config is not None]
+        assert len(parents) == len(set(parents)), "a checkpoint has two children"
+    else:
+        assert conflicts == 0
     assert CheckpointStore.open(url).verify().ok
