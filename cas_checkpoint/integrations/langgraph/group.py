@@ -19,6 +19,17 @@ under ``conflicts="raise"``); an error of the whole commit (storage) is raised i
 callers. Between processes nothing changes: the compare-and-swap decides, and a group that
 loses a race is rebuilt on the new head as one save would be.
 
+What a commit flushes on local disk, and why none of it can go: the ref's new slot (one
+``fdatasync``: the acknowledgement itself); when the group's objects outgrow the head
+(``packing.INLINE_MAX``), its one new pack: the temp file's ``fsync`` (its bytes, before any
+name points at them) and, after ``os.link``, its folder's (its name: without it, power loss
+can keep the ref and lose the pack's entry, a ref to a missing object); a new ref file (a
+subgraph's namespace, every turn) is a temp file, ``fsync``, rename and folder ``fsync``. The
+pack folders' own names are flushed once per store object (``Backend.prepare_folders``). So a
+LangGraph turn costs about one flush per ``aput`` (they are chained: each waits for the one
+before, so two puts never share a commit; pending writes join them) plus two per pack; fewer
+packs (a larger ``INLINE_MAX``) is what would lower it further.
+
 Cancellation: a call cancelled while its part is still queued is taken out (it did not land,
 nothing was written for it); one cancelled once its part is in a commit waits for that commit
 and raises ``CancelledError`` carrying the result in ``cas_checkpoint.landed(exc)``, as every
