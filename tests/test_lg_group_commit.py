@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -299,3 +300,50 @@ def test_memory_store_groups_too() -> None:
     assert asyncio.run(main()) == 1
     tup = saver.get_tuple(conf("t"))
     assert tup is not None and len(tup.pending_writes) == 5
+
+
+def test_the_agent_benchmarks_turn(tmp_path: Path, meter: Meter,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production shape (``benchmarks/bench_agent_app.py``: ~21 aput, ~19 aput_writes a
+    turn, a subgraph namespace each turn): at most one ref write per aput and a few more (old
+    code: one per call, 40 a turn), and no flush beyond a ref write's one, a pack's two and a
+    new ref file's two (old code: also the pack folders' parent the first time each was used:
+    7.4 a turn over 20 turns). Measured: 24 ref writes and 49 fsyncs a turn (old code: 40, 79;
+    AsyncSqliteSaver: ~40 fsyncs)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import bench_agent_app as bench
+
+    calls: Counter[str] = Counter()
+    real = CasSaver.aput
+
+    def counted(self: Any, *a: Any, **kw: Any) -> Any:
+        calls["aput"] += 1
+        return real(self, *a, **kw)
+    monkeypatch.setattr(CasSaver, "aput", counted)
+    whole = Counter[str]()
+    write_tmp = LocalBackend._write_tmp
+
+    def tmp(self: Any, path: str, data: bytes) -> str:
+        whole["refs" if f"{os.sep}refs{os.sep}" in path else "packs"] += 1
+        return write_tmp(self, path, data)
+    monkeypatch.setattr(LocalBackend, "_write_tmp", tmp)
+    saver = CasSaver.from_url(tmp_path / "s")
+    graph = bench.build_graph(saver, True)
+    turns = 8
+
+    async def main() -> None:
+        meter.loop_thread = threading.get_ident()
+        await graph.ainvoke(bench.human(0), bench.config("warm"))
+        meter.clear()
+        calls.clear()
+        whole.clear()
+        for t in range(turns):
+            await graph.ainvoke(bench.human(t), bench.config("t"))
+
+    asyncio.run(main())
+    assert calls["aput"] >= 20 * turns
+    assert meter.n["write_ref"] <= calls["aput"] + 4 * turns, (meter.n, calls)
+    # (a pack: its temp file, then its folder; a new ref file: the same; a slot: one)
+    flushes = meter.n["write_ref"] - whole["refs"] + 2 * whole["packs"] + 2 * whole["refs"]
+    assert meter.n["fsync"] <= flushes, (meter.n, whole)
+    assert meter.threads["loop"] == 0, meter.threads
