@@ -32,7 +32,7 @@ packs (a larger ``INLINE_MAX``) is what would lower it further.
 
 Cancellation: a call cancelled while its part is still queued is taken out (it did not land,
 nothing was written for it); one cancelled once its part is in a commit waits for that commit
-and raises ``CancelledError`` carrying the result in ``cas_checkpoint.landed(exc)``, as every
+and raises ``CancelledError`` carrying the result in ``cas_checkpoint.aio.landed(exc)``, as every
 async save does (``ops.arun``)."""
 
 from __future__ import annotations
