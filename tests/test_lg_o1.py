@@ -279,13 +279,13 @@ def test_a_thread_written_before_the_bounds(monkeypatch: pytest.MonkeyPatch) -> 
     the first put records the bound, and from then on a get_tuple reads a few entries."""
     saver = CasSaver.from_url(f"memory://o1l-{uuid.uuid4().hex[:8]}")
     graph = agent(saver)
-    save = Core.save
+    prepare = Core.prepare
 
-    def old_save(self: Core, *a: Any, check: Any = None, **kw: Any) -> Any:
-        return save(self, *a, **kw)  # no check: entries as an older CasSaver wrote them
+    def old_prepare(self: Core, *a: Any, check: Any = None, **kw: Any) -> Any:
+        return prepare(self, *a, **kw)  # no check: entries as an older CasSaver wrote them
 
     with monkeypatch.context() as m:
-        m.setattr(Core, "save", old_save)
+        m.setattr(Core, "prepare", old_prepare)
         for turn in range(6):
             graph.invoke({"messages": [HumanMessage(f"q{turn}", id=f"h{turn}")]}, cfg("l"))
         before = graph.get_state(cfg("l"))

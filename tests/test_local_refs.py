@@ -207,7 +207,10 @@ def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.Monkey
     """A pack in a new packs/ab folder, and the ref naming it, survive power loss only if the
     folders' own entries do: the first time a process uses a folder, each folder between the
     root and it is fsynced (also when another process made it): its parent the first time a
-    process uses it, each folder above once per process."""
+    process uses it, each folder above once per process. Before a store object's first pack,
+    all 256 pack folders are made and packs/ is fsynced once after them, so that one flush
+    covers every pack folder's name (old code: a flush of packs/ the first time each folder
+    was used, up to 256 in a process)."""
 
     synced = _spy_folder_fsyncs(monkeypatch)
     root = str(tmp_path / "new" / "store")
@@ -218,17 +221,19 @@ def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.Monkey
         assert folder in synced, folder
     pack_dirs = {os.path.dirname(os.path.join(root, i.key)) for i in store.backend.list("packs")}
     assert pack_dirs and all(d in synced for d in pack_dirs)  # the folder the pack is in
-    # A pack in a folder this process has not used: that folder's name in packs/ is made
-    # durable (packs/ was synced before it existed, which does not cover it); one it used: no.
+    # Every pack folder was made before packs/ was synced (that flush covers their names): a
+    # pack in a folder this process has not used yet flushes its own folder only.
     packs = os.path.join(root, "packs")
+    assert sorted(os.listdir(packs)) == [f"{i:02x}" for i in range(256)]
     seen = set(pack_dirs)
     for i in range(40):
         synced.clear()
         store.save("t", {"blob": f"{i}" * 20_000})
         now = {os.path.dirname(os.path.join(root, k.key)) for k in store.backend.list("packs")}
-        new_dirs, seen = now - seen, now
-        assert (packs in synced) == bool(new_dirs), (i, new_dirs, synced)
+        seen = now
+        assert packs not in synced, (i, synced)
         assert root not in synced  # packs/ itself: its name was made durable already
+    assert len(seen) > len(pack_dirs) + 10  # (packs went into folders not used before)
     other = CheckpointStore.open(root)  # another process: its first use syncs again
     other.save("u", {"blob": "z" * 20_000})
     assert os.path.join(root, "packs") in synced and root in synced

@@ -66,6 +66,13 @@ class Backend(ABC):
     # Capability: the storage keeps writers' temp files and gc's trash on disk, which gc
     # cleans (``restore_trash``, ``delete_stale_temps``).
     housekeeping: bool = False
+    has_folders = False  # folders are real and their names need flushing (local disk)
+
+    def prepare_folders(self, folders: Iterable[str]) -> None:
+        """Make these folders (a key layout's fan-out, such as the pack folders) and their
+        names durable at once, before keys are written into them. Only a backend that
+        ``has_folders`` does anything."""
+        return None
 
     @abstractmethod
     def get(self, key: str) -> bytes:

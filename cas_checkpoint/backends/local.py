@@ -143,6 +143,33 @@ class LocalBackend(Backend):
                 entry = os.path.dirname(entry)
             self._dirs_made.add(folder)
 
+    has_folders = True
+
+    def prepare_folders(self, folders: Iterable[str]) -> None:
+        """Make these folders, then flush each of their parents once: one flush makes every
+        name in a folder durable, so the first pack written into each of them (256 pack
+        folders) does not flush their parent again (``_makedirs``)."""
+        paths = [self._path(f) for f in folders]
+        todo = [p for p in paths if p not in self._entries_synced]
+        if not todo:
+            return
+        try:
+            for parent in dict.fromkeys(os.path.dirname(p) for p in todo):
+                self._makedirs(parent)  # (its own name made durable as any folder's)
+            for path in todo:
+                os.makedirs(path, exist_ok=True)
+                real = os.path.realpath(path)
+                if not real.startswith(self._real + os.sep):
+                    raise StorageError(
+                        f"{path} leads out of the store (to {real}) through a link; remove "
+                        "the link: cas_checkpoint writes only inside its root")
+            for parent in dict.fromkeys(os.path.dirname(p) for p in todo):
+                self._fsync_dir(parent)  # every name made in it above is durable now
+        except OSError as exc:
+            raise StorageError(f"cannot make folders in {self.root}: {exc}") from exc
+        self._entries_synced.update(todo)
+        self._dirs_made.update(todo)
+
     def _write_tmp(self, path: str, data: bytes) -> str:
         folder = os.path.dirname(path)
         self._makedirs(folder)

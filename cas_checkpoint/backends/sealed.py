@@ -28,6 +28,10 @@ class SealedBackend(Backend):
         self.names: bytes | None = None
         self.concurrency = inner.concurrency
         self.url = inner.url
+        self.has_folders = inner.has_folders
+
+    def prepare_folders(self, folders: Iterable[str]) -> None:
+        self.inner.prepare_folders(folders)  # (packs keep their keys)
 
     def ref_key(self, key: str) -> str:
         """The stored key of a thread's ref (its plain key as ``refs.thread_key`` spells it)."""

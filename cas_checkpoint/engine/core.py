@@ -11,12 +11,12 @@ from itertools import islice
 from typing import Any
 
 from cas_checkpoint.backends import Backend
+from cas_checkpoint.engine import commit as group
 from cas_checkpoint.engine import model, retention, settings
-from cas_checkpoint.engine.caches import STATE_CACHE_BYTES, Known, Remembered, Threads
-from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, check_meta, info_of
+from cas_checkpoint.engine.caches import Known, Remembered, Threads
+from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
 from cas_checkpoint.engine.object_store import ObjectStore, View
 from cas_checkpoint.engine.refs import Change, Ref, RefStore, build, new_lineage, thread_key
-from cas_checkpoint.engine.refs import append as log_append
 from cas_checkpoint.engine.steps import ReadRefs, Step
 from cas_checkpoint.engine.turns import ThreadLocks
 from cas_checkpoint.errors import (
@@ -30,14 +30,10 @@ from cas_checkpoint.format import codec
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import (
-    MAX_PARENTS,
     CheckpointId,
     LogEntry,
     ObjectId,
     Record,
-    hashed,
-    inlinable,
-    object_id,
 )
 from cas_checkpoint.tree import build as tree
 
@@ -98,79 +94,29 @@ class Core:
         entry extends, exact whatever other writers did.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
-        label, tags_t, meta = check_meta(label, tags, metadata)
-        status, kind, reason = model.check_annotations(status, kind, reason)
-        given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
-        if given is not None and len(given) > MAX_PARENTS:
-            raise InvalidArgumentError(f"parents names {len(given)} checkpoints, more than "
-                                       f"{MAX_PARENTS}; a checkpoint merges a few parents")
-        if expected_head is not UNSET and expected_head is not None:
-            expected_head = check_id(expected_head, "expected_head")
-        with self._memo_lock:
-            built = tree.build(state, self.types, self._memo)  # raises before writing anything
-        root, size, nodes = built.root, built.size, built.objects
-        encoded = bytes(built.data) if size <= STATE_CACHE_BYTES // 4 else None
-        del built  # a big state's encoding is not kept while its packs are written
-        # A small root node goes inside the record instead of into an object of its own.
-        root_node = nodes[root]
-        inline = root_node if inlinable(root_node) else None
-        if inline is not None:
-            del nodes[root]  # (the build's own dict: nothing else holds it)
-            hashed(inline, root)  # (the build hashed it: its record need not again)
-        current = self._known.get(thread_id, UNSET)
-        known = self._have.get(thread_id)
-        saved: dict[str, Any] = {}
-
-        def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
-            head = Head(thread_id, None, lineage=new_lineage()) if ref is None else ref.head
-            extra = (yield from check(head)) if check is not None else None
-            entry_meta = check_meta(None, (), {**meta, **extra})[2] if extra else meta
-            # Objects a head of this lineage held are held by every later head of it: skip
-            # writing the nodes this process saw there. Otherwise write them all.
-            skip = known if known is not None and known.lineage == head.lineage else None
-            new = dict(nodes) if skip is None else skip.missing(nodes)
-            parents = given if given is not None else (head.head,) if head.head else ()
-            record = Record(thread_id, parents, root, head.head_step + 1, time.time(), size,
-                            label, tags_t, entry_meta, inline, status, kind, reason)
-            data = record.encode()
-            cid = CheckpointId(object_id(data))
-            new[ObjectId(cid)] = data
-            saved["record"], saved["entry"] = record, (entry := record.entry(cid))
-            saved["base"] = head.head  # (the head it is appended to: see holds)
-            segments: dict[ObjectId, bytes] = {}
-            new_head = log_append(head, entry, segments)
-            # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
-            # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
-            if self.keep_last is not None and retention.prune_due(new_head.count, self.keep_last):
-                segments.clear()
-                new_head = yield from retention.pruned_head(self.refs, head, entry, self.keep_last,
-                                                        segments)
-                segments = yield from self.refs.missing(head, segments)
-            new.update(segments)
-            saved["new"], saved["lineage"], saved["skip"] = new, head.lineage, skip
-            return new_head, new
-
-        def holds(ref: Ref) -> Step[bool]:
-            return ((yield from self.refs.holds(ref.head, saved["entry"], saved["base"]))
-                    if saved else False)
-
-        # (The known-objects set stays in place while this save runs: concurrent saves on one
-        # thread, from tasks or threads, each skip what the lineage is known to hold.)
-        self._threads.forget(thread_id, ref_only=True)
-        ref = yield from self.refs.update(thread_id, change, expected_head=expected_head,
-                                          current=current, done=holds)
-        entry: LogEntry = saved["entry"]
-        if encoded is not None:
-            self._warm.state(thread_id, root, encoded, nodes)
-        if ref is not None and ref.head.head == entry.id:  # (not one that held it already)
-            self._warm.newest(thread_id, ref.head, saved["record"])
-        if ref is not None and ref.head.lineage == saved["lineage"]:
-            have = saved["skip"] or Known(saved["lineage"])
-            have.add(nodes, saved["new"])  # the state's nodes, and all it wrote
-            self._threads.remember(thread_id, ref, have)
-        log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, entry.id, entry.size,
+        part = group.prepare(self, state, label=label, tags=tags, metadata=metadata,
+                              parents=parents, check=check, status=status, kind=kind,
+                              reason=reason)
+        got = (yield from self.commit(thread_id, [part], expected_head=expected_head))[0]
+        if isinstance(got, Exception):
+            raise got
+        log.debug("save thread=%r id=%s bytes=%d in %.1f ms", thread_id, got.id, got.size,
                   (time.perf_counter() - t0) * 1000)
-        return info_of(entry, thread_id)
+        return got
+
+    def prepare(self, state: Any, **kw: Any) -> group.Part:
+        """A save checked and its state split into nodes, ready for ``commit`` (arguments as
+        ``save``'s; nothing is written)."""
+        return group.prepare(self, state, **kw)
+
+    def commit(self, thread_id: str, parts: list[group.Part],
+               expected_head: CheckpointId | None = UNSET
+               ) -> Step[list[CheckpointInfo | Exception]]:
+        """Prepared saves of one thread, appended in order in one compare-and-swap (a group
+        commit, ``commit.py``): each part's ``CheckpointInfo``, or the error that refused it
+        (the others landed)."""
+        done = yield from group.commit(self, thread_id, parts, expected_head)
+        return group.infos(thread_id, done)
 
     # --- reading ---
 

@@ -15,7 +15,7 @@ from cas_checkpoint.engine import encryption
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
 from cas_checkpoint.engine.process_caches import Shared, for_store
-from cas_checkpoint.engine.steps import GetMany, PutMany, Sleep, Step
+from cas_checkpoint.engine.steps import Blocking, GetMany, PutMany, Sleep, Step
 from cas_checkpoint.errors import (
     CasError,
     FormatError,
@@ -40,6 +40,9 @@ _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
 VIEWS_KEPT = 64  # threads whose newest view is kept (for the next read of the same head)
+
+
+PACK_FOLDERS = tuple(f"{PREFIX}/{i:02x}" for i in range(256))  # (pack_key's folders)
 
 
 def pack_key(pid: str) -> str:
@@ -344,6 +347,7 @@ class ObjectStore:
         self.shared: Shared | None = (
             for_store(*scope) if scope is not None and self.keyring is None else None)
         self._settling = False  # a step is reading the settings now (see settle)
+        self._folders = not backend.has_folders  # the pack folders are made (durably)
         self.cache: PackCache[Pack] = PackCache(cache_bytes, None if self.shared is None else
                                self.shared.drop_packs)  # (memory://: the shared ones too)
         self._cache = self.cache.packs  # (the packs by id, least recently used first)
@@ -476,6 +480,10 @@ class ObjectStore:
         is not decompressed or decrypted again to be cached)."""
         if not packs:
             return
+        if not self._folders:  # local disk, this object's first pack: all pack folders and
+            # their names made durable in one flush, not one the first time each is used
+            yield Blocking(self.backend.prepare_folders, (PACK_FOLDERS,))
+            self._folders = True
         yield PutMany({pack_key(k): v for k, v in packs.items()})
         self._remember_new(packs, contents or {}, opened or {})
 

@@ -27,6 +27,7 @@ from cas_checkpoint.engine.steps import Step, arun, run
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
+from cas_checkpoint.integrations.langgraph.group import Groups
 from cas_checkpoint.integrations.langgraph.keys import _key, _target
 from cas_checkpoint.integrations.langgraph.registry import _register_any, saver_registry, set_hooks
 from cas_checkpoint.integrations.langgraph.schemas import Learned
@@ -75,6 +76,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         self.store = store
         self._core = engine_for(store, reg)
         self._encoder = PutEncoder()  # the encodings of each thread's last put (encode.py)
+        self._groups = Groups(self._core)  # the async face's group commits (group.py)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
 
@@ -137,6 +139,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone._core = self._core.with_types(reg)
         clone._learned = Learned()  # its registry learns the graphs it is called from
         clone._encoder = PutEncoder()  # (encodings made with its own registry)
+        clone._groups = Groups(clone._core)
         return clone
 
     def get_next_version(self, current: Any, channel: None) -> Any:
@@ -217,13 +220,18 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
-        async with self._core.turns.ahold(_key(*_target(config))):
-            return await self._arun(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+        """(The puts and pending writes of one thread in flight together share one commit:
+        ``group.py``.)"""
+        backend = await self._async_backend()
+        name, part, finish = await arun(self._put_part(config, checkpoint, metadata,
+                                                       new_versions), backend)
+        return finish(await self._groups.save(name, part, backend))
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        async with self._core.turns.ahold(_key(*_target(config))):
-            await self._arun(self._put_writes(config, writes, task_id, task_path))
+        got = self._writes_part(config, writes, task_id, task_path)
+        if got is not None:
+            await self._groups.save(*got, await self._async_backend())
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._learn()

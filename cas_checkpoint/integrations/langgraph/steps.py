@@ -3,7 +3,7 @@ implementation that the sync and the async face both run."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
+from cas_checkpoint.engine.commit import Part
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
 from cas_checkpoint.engine.steps import Step
@@ -98,8 +99,25 @@ class Steps:
                 out.append((name, *got))
         return out
 
+    def _commit_one(self, name: str, part: Part) -> Step[CheckpointInfo]:
+        """One prepared save committed alone (the sync face)."""
+        got = (yield from self._core.commit(name, [part]))[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
     def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
              new_versions: ChannelVersions) -> Step[RunnableConfig]:
+        name, part, finish = yield from self._put_part(config, checkpoint, metadata,
+                                                       new_versions)
+        return finish((yield from self._commit_one(name, part)))
+
+    def _put_part(self, config: RunnableConfig, checkpoint: Checkpoint,
+                  metadata: CheckpointMetadata, new_versions: ChannelVersions
+                  ) -> Step[tuple[str, Part, Callable[[CheckpointInfo], RunnableConfig]]]:
+        """A put, prepared (its parent found, its state encoded and split: nothing written):
+        its store thread, its part for ``Core.commit``, and what makes the put's answer of the
+        commit's."""
         thread_id, ns = _target(config)
         parent = get_checkpoint_id(config)
         name = _key(thread_id, ns)
@@ -133,13 +151,24 @@ class Steps:
             return out
 
         state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
-        info = yield from self._core.save(name, state, metadata=meta, parents=parents,
-                                          check=stamp)
-        self._encoder.saved(thread_id, ns, state, info.id)
-        return _config(thread_id, ns, checkpoint["id"])
+        part = self._core.prepare(state, metadata=meta, parents=parents, check=stamp)
+
+        def finish(info: CheckpointInfo) -> RunnableConfig:
+            self._encoder.saved(thread_id, ns, state, info.id)
+            return _config(thread_id, ns, checkpoint["id"])
+
+        return name, part, finish
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                     task_id: str, task_path: str) -> Step[None]:
+        got = self._writes_part(config, writes, task_id, task_path)
+        if got is not None:
+            yield from self._commit_one(*got)
+
+    def _writes_part(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                     task_id: str, task_path: str) -> tuple[str, Part] | None:
+        """A put_writes, prepared (nothing written): its store thread and its part for
+        ``Core.commit``; None when there are no writes."""
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
         if cid is None:
@@ -147,7 +176,7 @@ class Steps:
         items = [[WRITES_IDX_MAP.get(channel, idx), channel, value]
                  for idx, (channel, value) in enumerate(writes)]
         if not items:
-            return
+            return None
         state = {"task": task_id, "path": task_path, "writes": items}
 
         def stamp(head: Head) -> Step[dict[str, Any] | None]:
@@ -160,9 +189,8 @@ class Steps:
                     del early[next(iter(early))]
             return {EARLY: early} if early else None
 
-        yield from self._core.save(_key(thread_id, ns), state,
-                                   metadata={"w": cid, "task": task_id}, parents=(),
-                                   check=stamp)
+        return _key(thread_id, ns), self._core.prepare(
+            state, metadata={"w": cid, "task": task_id}, parents=(), check=stamp)
 
     def _early(self, head: Head) -> Step[tuple[Cursor, dict[str, str]]]:
         """A cursor over ``head``'s log and the ``lge`` map its newest entry carries."""

@@ -1,0 +1,131 @@
+"""Group commit for CasSaver's async face: the ``aput``/``aput_writes`` calls of one store
+thread (a LangGraph thread and namespace) that are in flight together share one
+compare-and-swap of its ref.
+
+LangGraph's default durability ("async") issues a step's pending writes as concurrent tasks
+and the checkpoint's put in the background while the next step runs, so several saves of one
+thread are usually waiting at once. Each call prepares its save in its own task (parent
+lookup, encoding, splitting and hashing the state: ``Core.prepare``), then joins the thread's
+queue. One task per event loop and thread (the committer) takes everything queued and commits
+it with ``Core.commit``: every part appended in arrival order, each ``check`` run on the head
+the parts before it left, one pack at most, one ref write. Parts that arrive while a commit is
+in flight wait for the next one. So a turn flushes once per group instead of once per call,
+and the thread's saves still land in the order they were called, as the per-thread lock before
+this made them.
+
+Every caller returns only once the commit holding its part is durable (the ref written), with
+its own result, or raises its own error when its part alone is refused (a ``ConflictError``
+under ``conflicts="raise"``); an error of the whole commit (storage) is raised in each of its
+callers. Between processes nothing changes: the compare-and-swap decides, and a group that
+loses a race is rebuilt on the new head as one save would be.
+
+What a commit flushes on local disk, and why none of it can go: the ref's new slot (one
+``fdatasync``: the acknowledgement itself); when the group's objects outgrow the head
+(``packing.INLINE_MAX``), its one new pack: the temp file's ``fsync`` (its bytes, before any
+name points at them) and, after ``os.link``, its folder's (its name: without it, power loss
+can keep the ref and lose the pack's entry, a ref to a missing object); a new ref file (a
+subgraph's namespace, every turn) is a temp file, ``fsync``, rename and folder ``fsync``. The
+pack folders' own names are flushed once per store object (``Backend.prepare_folders``). So a
+LangGraph turn costs about one flush per ``aput`` (they are chained: each waits for the one
+before, so two puts never share a commit; pending writes join them) plus two per pack; fewer
+packs (a larger ``INLINE_MAX``) is what would lower it further.
+
+Cancellation: a call cancelled while its part is still queued is taken out (it did not land,
+nothing was written for it); one cancelled once its part is in a commit waits for that commit
+and raises ``CancelledError`` carrying the result in ``cas_checkpoint.aio.landed(exc)``, as every
+async save does (``ops.arun``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from cas_checkpoint.backends import Backend
+from cas_checkpoint.engine.commit import Part
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.engine.steps import arun
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One event loop's queued parts for one store thread, and its committer task."""
+
+    loop: asyncio.AbstractEventLoop
+    parts: list[tuple[Part, asyncio.Future[CheckpointInfo]]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+class Groups:
+    """The queues of one saver's store threads (per event loop; kept while a part waits)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self._queues: dict[tuple[int, str], _Queue] = {}
+        self.commits = 0  # commits made (a test reads how many calls each one carried)
+
+    async def save(self, name: str, part: Part, backend: Backend) -> CheckpointInfo:
+        """Commit ``part`` to store thread ``name`` with the others queued there; its
+        ``CheckpointInfo`` once durable, or its error."""
+        loop = asyncio.get_running_loop()
+        key = (id(loop), name)
+        queue = self._queues.get(key)
+        if queue is None or queue.loop is not loop:  # (a loop closed with its queue left,
+            queue = self._queues[key] = _Queue(loop)  # whose id a new loop has now)
+        fut: asyncio.Future[CheckpointInfo] = loop.create_future()
+        item = (part, fut)
+        queue.parts.append(item)
+        if queue.task is None or queue.task.done():  # (it starts on the loop's next round:
+            # the tasks that call now join this commit)
+            queue.task = loop.create_task(self._drain(key, queue, backend))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError as cancelled:
+            if item in queue.parts:  # not in a commit yet: it does not land
+                queue.parts.remove(item)
+                raise
+            while not fut.done():  # in a commit: it finishes first (see the module docs)
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    continue  # (cancelled again: the commit still decides)
+                except Exception:
+                    break
+            if not fut.cancelled() and fut.exception() is None:
+                cancelled.cas_result = fut.result()  # type: ignore[attr-defined]
+            raise cancelled from None
+
+    async def _drain(self, key: tuple[int, str], queue: _Queue, backend: Backend) -> None:
+        """Commit what is queued, group after group, until nothing is."""
+        try:
+            while queue.parts:
+                batch, queue.parts = queue.parts, []
+                self.commits += 1
+                try:
+                    got = await arun(self._core.commit(key[1], [p for p, _ in batch]), backend)
+                except Exception as exc:  # the whole commit failed: every caller's error
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                except BaseException:  # (this task cancelled with its loop)
+                    for _, fut in batch:
+                        fut.cancel()
+                    raise
+                for (_, fut), result in zip(batch, got, strict=True):
+                    if fut.done():
+                        continue
+                    if isinstance(result, Exception):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            queue.task = None
+            if queue.parts and not asyncio.get_running_loop().is_closed():
+                # (left by a committer cancelled with its loop: nothing will commit them)
+                for _, fut in queue.parts:
+                    if not fut.done():
+                        fut.cancel()
+                queue.parts.clear()
+            if self._queues.get(key) is queue:
+                del self._queues[key]
