@@ -188,6 +188,19 @@ def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
     return (plain if stored is None else stored), plain
 
 
+_READING = threading.local()  # this thread's zstd decompression context (``_decompressor``)
+
+
+def _decompressor(zstandard: Any) -> Any:
+    """This thread's zstd decompression context, made once (a context is not thread-safe, and
+    making one costs ~50 us, about what decompressing a small pack does; a stream reader
+    resets it before each frame)."""
+    dctx = getattr(_READING, "dctx", None)
+    if dctx is None:
+        dctx = _READING.dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    return dctx
+
+
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
     """Fill the last ``size`` bytes of ``out`` (made to its full size by the caller, after
     ``_check_ratio``) with what the zstd frame at ``data[start:]`` holds."""
@@ -198,7 +211,7 @@ def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None
     # Streamed, never sized by the frame's header: output goes straight where it belongs (no
     # chunk made, then copied), and one byte past what the index says is asked for; the window
     # a frame may ask for is bounded. Damage cannot ask for more.
-    dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    dctx = _decompressor(zstandard)
     dest = memoryview(out)[len(out) - size:]
     got, extra = 0, bytearray(1)
     try:
@@ -211,11 +224,13 @@ def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None
             if got == size:
                 got += reader.readinto(extra)
     except (zstandard.ZstdError, MemoryError) as exc:
+        _READING.dctx = None  # (a context a damaged frame stopped is not used again)
         raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
                    ) from None
     finally:
         dest.release()
     if got != size:
+        _READING.dctx = None
         raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
 
 
