@@ -306,10 +306,11 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
         return list(zip(self._ends, self._ends[1:], strict=False))
 
 
-def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
-    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index
-    (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
-    find the one it wants."""
+def _header(data: bytes | memoryview
+            ) -> tuple[memoryview, int, tuple[int, ...], tuple[int, ...], int]:
+    """(the pack's bytes, where its body starts, its objects' id prefixes and lengths, their
+    sum) from its header, with every check that needs no byte of the body (a compressed
+    body's ratio is checked before anything is allocated)."""
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
@@ -330,6 +331,15 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     total = sum(lengths)
     if view[5] & ZSTD:
         _check_ratio(len(view) - body, total)  # (before anything is allocated)
+    return view, body, prefixes, lengths, total
+
+
+def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
+    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index
+    (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
+    find the one it wants."""
+    view, body, prefixes, lengths, total = _header(data)
+    if view[5] & ZSTD:
         plain = bytearray(body + total)
         plain[:body] = view[:body]
         plain[5] &= ~ZSTD
@@ -338,6 +348,16 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
     return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
+
+
+def pack_index(data: bytes | memoryview) -> tuple[PackIndex, int]:
+    """A pack's index and its size with its body decompressed, read from its header only
+    (nothing is decompressed or allocated for the body; ``open_pack`` of the same bytes
+    checks the body and gives the objects)."""
+    view, body, prefixes, lengths, total = _header(data)
+    if not view[5] & ZSTD and body + total != len(view):
+        raise _bad("pack index does not add up to the pack's length")
+    return PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body))), body + total
 
 
 def read_pack_index(data: bytes | memoryview) -> PackIndex:
