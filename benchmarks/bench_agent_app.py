@@ -44,6 +44,8 @@ Per case (one fresh ``python`` process; the parent only starts them and prints t
   object opened on the same store (a new connection for SQLite) and a new compiled graph,
   timed from the open to the state ("new saver"); history 10 / 100: ``aget_state_history(config,
   limit=n)`` read to the end on the saver that ran the turns;
+* S3 requests of the latest state on a new saver: the same calls during the "new saver" read
+  (the open included), each timed: the rounds are the groups of calls that overlap in time;
 * peak RSS: ``ru_maxrss`` of the case's process after its turns and at its end (moto's process
   not included).
 
@@ -263,6 +265,8 @@ class Meter:
         self.spans: list[tuple[float, float]] = []
         self.fsyncs = 0
         self.s3: collections.Counter[str] = collections.Counter()
+        self.reading = False  # S3 calls of one read are timed too (``rounds``)
+        self.read_calls: list[tuple[float, float, str]] = []
 
     def wrap(self, cls: type, asynchronous: bool) -> None:
         """Counts and times the class's get/put/put_writes (one saver class per process)."""
@@ -332,9 +336,25 @@ class Meter:
         async def counted(client: Any, operation_name: str, api_params: Any) -> Any:
             if self.on:
                 self.s3[operation_name] += 1
-            return await orig(client, operation_name, api_params)
+            t0 = time.perf_counter()
+            try:
+                return await orig(client, operation_name, api_params)
+            finally:
+                if self.reading:
+                    self.read_calls.append((t0, time.perf_counter(), operation_name))
 
         AioBaseClient._make_api_call = counted
+
+
+def rounds(calls: list[tuple[float, float, str]]) -> int:
+    """Sequential rounds of these timed calls: groups of calls that overlap in time (a call
+    that starts after every call before it ended starts a new round)."""
+    out, end = 0, -1.0
+    for a, b, _ in sorted(calls):
+        if a >= end:
+            out += 1
+        end = max(end, b)
+    return out
 
 
 def rss() -> int:
@@ -455,11 +475,15 @@ async def turns(store: Store, meter: Meter, n_turns: int, res: dict[str, Any],
             res[f"history{n}"] = time.perf_counter() - t0
             assert len(got) == min(n, (len(CHAIN) + 2) * n_turns), (n, len(got))
     t0 = time.perf_counter()
+    meter.reading = True
     async with contextlib.AsyncExitStack() as stack:
         saver2 = await (stack.enter_async_context(store.aopen()) if asynchronous
                         else stack.enter_async_context(store.open()))
         state = await call(graph.copy(update={"checkpointer": saver2}), "get_state", cfg)
         res["latest_new"] = time.perf_counter() - t0
+        meter.reading = False
+        res["latest_new_s3"] = [len(meter.read_calls), rounds(meter.read_calls),
+                                dict(collections.Counter(c[2] for c in meter.read_calls))]
         assert len(state.values["messages"]) == res["messages"]
 
 
@@ -552,7 +576,13 @@ def report(results: list[dict[str, Any]]) -> str:
         if r.get("s3_ops"):
             out.append(f"{NAMES[r['saver']]}, {r['turns']} turns: S3 API calls per turn: "
                        + ", ".join(f"{op} {n / r['turns']:.1f}"
-                                   for op, n in sorted(r["s3_ops"].items())))
+                                   for op, n in sorted(r["s3_ops"].items()))
+                       + f" ({r['s3_per_turn'] / sum(r['calls'][k] for k in ('put', 'writes')):.2f}"
+                       " per aput/aput_writes)")
+            n, k, ops = r.get("latest_new_s3") or (0, 0, {})
+            out.append(f"{NAMES[r['saver']]}, {r['turns']} turns: the latest state on a new saver "
+                       f"(opening it included): {n} S3 API calls in {k} sequential rounds ("
+                       + ", ".join(f"{op} {m}" for op, m in sorted(ops.items())) + ")")
     return "\n".join(out)
 
 

@@ -45,7 +45,16 @@ DeltaChannel table (also alone with ``--delta-only``): the same loop with ``mess
 ``get_state`` (median of 7 on the saver that wrote the thread) and a cold ``get_state`` on a new
 saver object.
 
-    python benchmarks/bench_langgraph.py [--steps 200] [--quick] [--delta-only]
+Many-conversations table (only with ``--many``; ``--steps 50`` gives issue 29's 102-message
+threads): a server's one store object loading threads it has not read yet. 24 threads are
+written into CasSaver (local disk, memory://), SqliteSaver and InMemorySaver; then, in each of
+3 rounds, a new saver object per saver (a new connection for SQLite) reads one thread and then
+``get_tuple`` of each other thread once, the savers taking turns call by call: the median and
+p90 wall time and the median CPU time (``time.thread_time``: the machine's other work moves it
+less) of those calls, beside SqliteSaver's. Target (issue 29): CasSaver local disk <= 1.5x
+SqliteSaver's.
+
+    python benchmarks/bench_langgraph.py [--steps 200] [--quick] [--delta-only] [--many]
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ import os
 import platform
 import random
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -370,6 +380,96 @@ def print_delta(steps: int) -> None:
           f"SqliteSaver {sq.get_state_ms:.1f} vs {sq_d.get_state_ms:.1f} ms")
 
 
+# --- many conversations: a warm store object loads threads it has not touched yet ------------
+
+MANY_THREADS = 24  # threads written, then each read once by the server's saver (the first warms)
+MANY_ROUNDS = 3  # the reads repeated, each on a new saver (so every thread is new to it again)
+
+
+@dataclass
+class ManyRow:
+    name: str
+    messages: int
+    ms: list[float] = field(default_factory=list)  # one get_tuple each, cold threads only
+    cpu: list[float] = field(default_factory=list)  # the same calls' CPU time (this thread)
+
+
+def many_rows(steps: int, threads: int = MANY_THREADS) -> list[ManyRow]:
+    """A server that loads many conversations: the same ``threads`` tool-loop threads written
+    into CasSaver (local disk, memory://) and SqliteSaver; then, per round and saver, a new
+    saver object (a new connection for SQLite) loads one thread (the store object, or the
+    connection, is now warm) and times ``get_tuple`` of each other thread once: each is a
+    thread this object has not read. The savers take turns within a round, so the machine's
+    other work falls on all of them alike."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    tmp = tempfile.mkdtemp(prefix="bench-langgraph-many-")
+    local, memory = os.path.join(tmp, "cas"), f"memory://bench-many-{uuid.uuid4().hex[:8]}"
+    db = os.path.join(tmp, "lg.sqlite")
+    conns: list[sqlite3.Connection] = []
+
+    def sqlite_saver() -> Any:
+        conns.append(sqlite3.connect(db, check_same_thread=False))
+        return SqliteSaver(conns[-1])
+
+    makers: dict[str, Callable[[], Any]] = {
+        "CasSaver local disk": lambda: CasSaver.from_url(local),
+        "CasSaver memory://": lambda: CasSaver.from_url(memory),
+        "SqliteSaver (open connection)": sqlite_saver,
+    }
+    memory_saver = InMemorySaver()
+    for make in [*makers.values(), lambda: memory_saver]:
+        graph = build_graph(steps, make())
+        for k in range(threads):
+            graph.invoke({"messages": [HumanMessage(content=text(-1), id="human-0")]},
+                         {"configurable": {"thread_id": f"c{k}"},
+                          "recursion_limit": 2 * steps + 20})
+    makers["InMemorySaver (its dicts)"] = lambda: memory_saver
+    rows = {name: ManyRow(name, 2 * steps + 2) for name in makers}
+    for _ in range(MANY_ROUNDS):
+        savers = {name: make() for name, make in makers.items()}
+        for saver in savers.values():
+            saver.get_tuple({"configurable": {"thread_id": "c0", "checkpoint_ns": ""}})
+        for k in range(1, threads):
+            cfg: Any = {"configurable": {"thread_id": f"c{k}", "checkpoint_ns": ""}}
+            for name, saver in savers.items():
+                t, c = time.perf_counter(), time.thread_time()
+                got = saver.get_tuple(cfg)
+                rows[name].ms.append((time.perf_counter() - t) * 1000)
+                rows[name].cpu.append((time.thread_time() - c) * 1000)
+                assert len(got.checkpoint["channel_values"]["messages"]) == 2 * steps + 2
+    for conn in conns:
+        conn.close()
+    return list(rows.values())
+
+
+def print_many(steps: int) -> None:
+    rows = many_rows(steps)
+    print()
+    print(f"Many conversations: {MANY_THREADS} threads of {2 * steps + 2} messages; a new saver "
+          f"object reads one, then get_tuple of each other thread once (a thread it has not "
+          f"read), {MANY_ROUNDS} rounds, the savers in turn; ms per get_tuple, wall and CPU (the "
+          "thread's user + system time: less moved by the machine's other work)")
+    by = {r.name: r for r in rows}
+    sq = by["SqliteSaver (open connection)"]
+    sq_ms, sq_cpu = statistics.median(sq.ms), statistics.median(sq.cpu)
+    print(table(["saver", "messages", "median ms", "p90 ms", "CPU ms median",
+                 "ratio to SqliteSaver: wall / CPU"],
+                [[r.name, r.messages, f"{statistics.median(r.ms):.3f}",
+                  f"{sorted(r.ms)[int(0.9 * len(r.ms))]:.3f}",
+                  f"{statistics.median(r.cpu):.3f}",
+                  f"{statistics.median(r.ms) / sq_ms:.2f}x / "
+                  f"{statistics.median(r.cpu) / sq_cpu:.2f}x"] for r in rows]))
+    cas = by["CasSaver local disk"]
+    ratio = statistics.median(cas.ms) / sq_ms
+    print(f"Target (issue 29): a cold thread on a warm store object <= 1.5x SqliteSaver's "
+          f"get_tuple on an open connection: {'MET' if ratio <= 1.5 else 'MISSED'} "
+          f"({ratio:.2f}x wall, {statistics.median(cas.cpu) / sq_cpu:.2f}x CPU, local disk)")
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -395,12 +495,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20 steps: a smoke run")
     ap.add_argument("--delta-only", action="store_true",
                     help="only the DeltaChannel table (CasSaver local disk and SqliteSaver)")
+    ap.add_argument("--many", action="store_true",
+                    help="only the many-conversations table (a warm saver object reading "
+                         "threads it has not read yet; --steps 50: 102 messages a thread)")
     args = ap.parse_args()
     steps = 20 if args.quick else args.steps
     print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; python "
           f"{platform.python_version()}; {versions()}; {load()}")
     if args.delta_only:
         print_delta(steps)
+        return
+    if args.many:
+        print_many(steps)
         return
     print(f"workload: StateGraph(MessagesState) tool loop, {steps} tool calls (AIMessage + "
           f"ToolMessage of ~300 chars each) + a final AIMessage: {2 * steps + 2} messages, one "

@@ -16,6 +16,7 @@ import pytest
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine import caches, process_caches
+from cas_checkpoint.engine import object_store as objstore
 from cas_checkpoint.format import codec
 from cas_checkpoint.format.objects import ObjectId
 from cas_checkpoint.tree import build as tree
@@ -25,7 +26,7 @@ def _held(store: CheckpointStore) -> dict[str, int]:
     core: Any = store._core
     packs = core.objects._cache.values()
     current = core._known["main"].head.packs
-    by_id = {p.id: max(p.size, p.data.nbytes) for p in packs}
+    by_id = {p.id: p.held for p in packs}  # (what each holds now: none is decompressed)
     return {
         "packs": sum(by_id.values()),
         "head_packs": sum(by_id.get(p.id, 0) for p in current),  # what a load of it reads
@@ -167,3 +168,33 @@ def test_threads_a_store_object_no_longer_uses_are_forgotten_after_1024() -> Non
     assert len(core._known) <= 1024 and len(core._warm._newest) <= 1024
     assert "ns-1099" in core._known and "ns-0" not in core._known
     assert store.load("ns-0").state == {"turn": 0}  # (forgotten: read again)
+
+
+def test_a_big_pack_a_merge_made_is_cached_as_stored_until_an_object_of_it_is_needed(
+        tmp_path: Path) -> None:
+    """A compressed pack this store object made (a merge's: the thread's history, ~10x its
+    stored bytes once decompressed) is kept as it was stored: a thread that goes on saving
+    loads warm and reads nothing of it, so its plain bytes were only held (issue 29's peak
+    memory: the current head's packs, decompressed). Its body is decompressed when an object
+    of it is needed (a load of an older checkpoint), once. (Old code: the cache held every
+    pack decompressed, 6x its stored bytes here.)"""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    messages: list[dict[str, Any]] = []
+    ids = []
+    for t in range(120):
+        messages.append({"turn": t, "text": f"turn {t} " + "lorem ipsum dolor " * 30})
+        ids.append(store.save("main", {"messages": messages, "turn": t}).id)
+    core: Any = store._core
+    cache = core.objects.cache
+    packs = list(cache.packs.values())
+    plain = {p.id: p.index.spans()[-1][1] for p in packs}
+    big = [p for p in packs if plain[p.id] >= objstore.LAZY_BYTES]
+    assert big and sum(plain.values()) > 4 * sum(p.size for p in packs)  # (compressible)
+    assert all(p.held == p.size for p in big)
+    assert cache.bytes < sum(plain.values()) / 2, (cache.bytes, plain)
+    assert store.load("main", ids[5]).state["turn"] == 5  # (an old one: not warm)
+    assert any(p.held == plain[p.id] for p in big)  # (decompressed now, once)
+    assert store.load("main").state["turn"] == 119
+    assert cache.bytes == sum(core.objects.cache._counted.values())
+    cold = CheckpointStore.open(str(tmp_path / "s"))
+    assert cold.load("main", ids[60]).state["messages"] == messages[:61]

@@ -519,6 +519,45 @@ def test_pydantic_models() -> None:
     assert "not registered" in str(error_of(value, types=TypeRegistry([Outer])))
 
 
+def test_a_model_with_its_own_init_is_validated_once() -> None:
+    """A pydantic model with its own ``__init__`` (LangChain's messages) is rebuilt by that
+    ``__init__``, which validates: one validation a value, not model_validate's call that only
+    hands the data to ``__init__`` and then the one ``__init__`` makes. What a load rebuilds
+    is the same (model_validate passes by_name to no ``__init__``), a value that does not
+    fit still a FormatError."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Msg(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+        content: str
+        n: int = 0
+
+        def __init__(self, content: str = "", **kwargs: Any) -> None:
+            super().__init__(content=content, **kwargs)
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.calls = inner, 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def validate_python(self, *a: Any, **k: Any) -> Any:
+            self.calls += 1
+            return self.inner.validate_python(*a, **k)
+
+    reg = TypeRegistry([Msg])
+    value = [Msg(content=f"m{i}", n=i) for i in range(10)]
+    data = encode(value, types=reg)
+    bad = encode(Msg.model_construct(content=["not", "a", "str"]), types=reg)
+    counting = Counting(Msg.__pydantic_validator__)
+    Msg.__pydantic_validator__ = counting
+    back = decode(data, types=reg)
+    assert counting.calls == 10
+    assert back == value and [type(m) for m in back] == [Msg] * 10
+    with pytest.raises(FormatError, match="cannot rebuild"):
+        decode(bad, types=reg)
+
+
 # --------------------------------------------------------------------------- refs
 
 

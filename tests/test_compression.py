@@ -337,3 +337,42 @@ def test_a_big_new_pack_is_compressed_fast_and_merges_at_the_stores_level(
     fresh = CheckpointStore.open(str(tmp_path / "s"))
     assert fresh.load("t").state == big and fresh.load("u").state == small
     assert Zstd(2).fast().level == 1 and Zstd(1).fast().level == 1
+
+
+def test_a_cold_load_makes_one_decompression_context_a_thread(tmp_path: Any,
+                                                             monkeypatch: Any) -> None:
+    """Making a zstd decompression context costs about what decompressing a small pack does:
+    each thread makes one and keeps it, not one a pack. Damaged frames still raise and do not
+    spoil the next read (the context is made again)."""
+    import threading
+
+    import zstandard
+
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    for t in range(3):
+        _grow(store, f"t{t}", 20)
+    made: list[int] = []
+    real = zstandard.ZstdDecompressor
+
+    def counted(*a: Any, **k: Any) -> Any:
+        made.append(threading.get_ident())
+        return real(*a, **k)
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", counted)
+
+    def cold_loads() -> int:
+        cold = CheckpointStore.open(str(tmp_path / "s"))
+        for t in range(3):
+            assert cold.load(f"t{t}").state["step"] == 19
+        return cold._core.objects.misses
+
+    packs_read = cold_loads()
+    assert packs_read >= 6
+    worker = threading.Thread(target=cold_loads)
+    worker.start()
+    worker.join()
+    assert len(made) <= 2 and len(set(made)) == len(made)  # (0 here if a test before made it)
+    pid, data = next((k, v) for k, v in _packs(store).items() if v[5] & ZSTD)
+    with pytest.raises(FormatError, match="decompress"):
+        open_pack(data[:-8])
+    open_pack(data)  # the next read after a damaged one

@@ -439,3 +439,30 @@ def test_open_backend_async_for_every_url_kind(moto_server: dict[str, Any],
             await open_backend_async("")
 
     asyncio.run(main())
+
+
+def test_a_new_async_backend_reads_no_botocore_data_files_again(
+        moto_server: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each async backend makes a client of its own (on its loop), in a session of its own:
+    the S3 service model and its endpoint rules (botocore's data files, ~0.25 s of JSON) are
+    read once a process, not once a backend (each new async saver on S3 paid it before its
+    first request). The client still works, and a profile given is still the session's."""
+    from botocore.loaders import JSONFileLoader
+
+    real = JSONFileLoader.load_file
+    read: list[str] = []
+
+    def counted(self: Any, file_path: str, *a: Any, **k: Any) -> Any:
+        read.append(file_path)
+        return real(self, file_path, *a, **k)
+
+    monkeypatch.setattr(JSONFileLoader, "load_file", counted)
+
+    async def put_get(backend: S3Backend) -> bytes:
+        await backend.aput_many({"k/one": b"1"})
+        return (await backend.aget_many(["k/one"]))["k/one"] or b""
+
+    assert _run(put_get, moto_server) == b"1"
+    first = len(read)
+    assert _run(put_get, moto_server) == b"1"
+    assert len(read) == first, read[first:]

@@ -120,6 +120,9 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
     fs = _one_attempt(_filesystem(url, protocol, options))
     backend = backend_for(fs, path, allow_unsafe=allow_unsafe, retries=retries)
     try:
+        if getattr(fs, "session", False) is None:  # (s3fs would make a session of its own)
+            fs.session = _aio_session(fs.kwargs)
+            fs._session_is_owned = True  # (s3fs makes it again on a refresh, as it would)
         await fs.set_session()
     except Exception as exc:  # a bad option of the client (region, endpoint URL, config...)
         raise InvalidArgumentError(f"cannot open {url!r}: {type(exc).__name__}: {exc}") from exc
@@ -128,6 +131,27 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
     if isinstance(backend, S3Backend):
         backend.owns_session = True  # aclose() closes the client made here
     return backend
+
+
+_LOADERS: dict[Any, Any] = {}  # botocore data loaders by their search path, one a process
+
+
+def _aio_session(kwargs: dict[str, Any]) -> Any:
+    """The aiobotocore session s3fs makes (of its ``kwargs``: a profile...), with the
+    process's botocore data loader: a new session has a new one, which reads and parses the
+    S3 service model and its endpoint rules again (~0.25 s of JSON here), so each new async
+    saver on S3 took that before its first request. A loader only reads botocore's data
+    files, and keeps what it read (the same for every session of the same search path)."""
+    import aiobotocore.session  # type: ignore[import-untyped]
+    from botocore.loaders import create_loader  # type: ignore[import-untyped]
+
+    session = aiobotocore.session.AioSession(**kwargs)
+    path = session.get_config_variable("data_path")
+    loader = _LOADERS.get(path)
+    if loader is None:
+        loader = _LOADERS[path] = create_loader(path)
+    session.register_component("data_loader", loader)
+    return session
 
 
 def _local(url: str, path: str, create: bool) -> LocalBackend:

@@ -33,13 +33,24 @@ from cas_checkpoint.format.objects import (
     object_id,
     object_ids,
 )
-from cas_checkpoint.format.pack import PackIndex, Sealing, Zstd, open_pack, pack_prefix
+from cas_checkpoint.format.pack import (
+    ZSTD,
+    PackIndex,
+    Sealing,
+    Zstd,
+    open_pack,
+    pack_index,
+    pack_prefix,
+)
 
 _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 
 PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
 VIEWS_KEPT = 64  # threads whose newest view is kept (for the next read of the same head)
+LAZY_BYTES = 64 * 1024  # a compressed pack made here this big (plain) is cached compressed:
+# a merge's big pack is seldom read again by the process that wrote it (a thread it writes
+# loads warm, from the states it saved), so its plain bytes (~10x) would only be held
 
 
 PACK_FOLDERS = tuple(f"{PREFIX}/{i:02x}" for i in range(256))  # (pack_key's folders)
@@ -76,15 +87,42 @@ class PrefixMismatch(Exception):
 @dataclass(slots=True)
 class Pack:
     """A pack read (and hashed as a whole) from storage: its index by id prefix; each object is
-    re-hashed the first time it is taken out."""
+    re-hashed the first time it is taken out. A big compressed pack this process made is held
+    as it was stored (``stored``) until an object of it is needed: its body is decompressed
+    then (``data``), not kept decompressed from the start (see ``ObjectStore._remember_new``).
+    """
 
     id: ObjectId
     size: int
-    data: memoryview
+    _data: memoryview | None  # its bytes as a reader uses them (None: not decompressed yet)
     index: PackIndex
     verified: set[str] = field(default_factory=set)
     _all: dict[ObjectId, memoryview] | None = None
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
+    stored: bytes | memoryview | None = None  # the compressed pack, while _data is None
+
+    @property
+    def data(self) -> memoryview:
+        """The pack's bytes with its body decompressed (done now, once, if it was not)."""
+        got = self._data
+        if got is None:
+            stored = self.stored
+            if stored is None:  # (another thread decompressed it meanwhile)
+                got = self._data
+                assert got is not None
+                return got
+            got = self._data = open_pack(stored)[0]
+            self.stored = None
+        return got
+
+    @property
+    def held(self) -> int:
+        """Bytes it holds in memory now: its stored bytes while its body is not decompressed,
+        else its plain bytes (a compressed pack's are bigger than the stored pack)."""
+        got, stored = self._data, self.stored
+        if got is None and stored is not None:
+            return len(stored)
+        return max(self.size, self.data.nbytes)
 
     def get(self, oid: str) -> bytes | None:
         got = self.get_view(oid)
@@ -499,6 +537,10 @@ class ObjectStore:
             plain = opened.get(pid)
             if plain is None:
                 pack = self.parse(pid, data, trusted=True)
+            elif (len(plain) >= LAZY_BYTES and self.keyring is None and len(data) > 5
+                  and data[5] & ZSTD):  # made here, big and compressed: kept as stored
+                index, _ = pack_index(data)
+                pack = Pack(ObjectId(pid), len(data), None, index, stored=data)
             else:  # made here: its index is read, nothing is undone (the stored bytes are
                 view, index = open_pack(plain)  # the same pack compressed, or sealed)
                 pack = Pack(ObjectId(pid), len(data), view, index)

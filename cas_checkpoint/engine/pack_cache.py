@@ -20,6 +20,8 @@ class Cached(Protocol):
     def size(self) -> int: ...
     @property
     def data(self) -> memoryview: ...
+    @property
+    def held(self) -> int: ...
 
 
 Pack = TypeVar("Pack", bound=Cached)
@@ -28,9 +30,11 @@ OWNED_THREADS = 64  # threads whose newest head's packs are known (the threads i
 
 
 def held(pack: Cached) -> int:
-    """The bytes a cached pack holds in memory: its plain body (a compressed pack's is bigger
-    than the stored pack, by its compression ratio), or the stored bytes."""
-    return max(pack.size, pack.data.nbytes)
+    """The bytes a cached pack holds in memory when it is cached (``Pack.held``): its plain
+    body (a compressed pack's is bigger than the stored pack, by its compression ratio), or
+    the stored bytes (also of a pack whose body is not decompressed yet: ``PackCache`` counts
+    each pack at what it held when it came, so its sum stays exact)."""
+    return pack.held
 
 
 class PackCache(Generic[Pack]):
@@ -45,6 +49,7 @@ class PackCache(Generic[Pack]):
         self.lock = threading.Lock()
         self._owners: OrderedDict[str, frozenset[str]] = OrderedDict()  # thread -> its packs
         self._uses: dict[str, int] = {}  # pack id -> how many tracked threads name it
+        self._counted: dict[str, int] = {}  # pack id -> the bytes ``bytes`` counts it at
 
     def remember(self, pack: Pack) -> None:
         with self.lock:
@@ -52,10 +57,11 @@ class PackCache(Generic[Pack]):
                 self.packs.move_to_end(pack.id)
                 return
             self.packs[pack.id] = pack
-            self.bytes += held(pack)
+            size = self._counted[pack.id] = held(pack)
+            self.bytes += size
             while self.bytes > self.limit and len(self.packs) > 1:
-                _, old = self.packs.popitem(last=False)
-                self.bytes -= held(old)
+                old, _ = self.packs.popitem(last=False)
+                self.bytes -= self._counted.pop(old)
 
     def get(self, pid: str) -> Pack | None:
         with self.lock:
@@ -70,9 +76,8 @@ class PackCache(Generic[Pack]):
 
     def _drop(self, pids: Iterable[str]) -> None:
         for pid in pids:
-            pack = self.packs.pop(pid, None)
-            if pack is not None:
-                self.bytes -= held(pack)
+            if self.packs.pop(pid, None) is not None:
+                self.bytes -= self._counted.pop(pid)
 
     def own(self, head: Head) -> None:
         """``head`` is its thread's newest head this object knows of: the packs it names are

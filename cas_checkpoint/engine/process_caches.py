@@ -77,8 +77,9 @@ class Shared:
         return got[1]
 
     def keep_pack(self, pid: str, data: bytes, pack: Any) -> None:
-        plain = getattr(pack.data, "obj", None) is data  # else decompressed (or opened) too
-        PACKS.put((self.scope, pid), (data, pack), len(data) + (0 if plain else len(pack.data)))
+        body = pack._data  # (None: not decompressed yet, it holds ``data`` only)
+        plain = body is None or getattr(body, "obj", None) is data  # else decompressed too
+        PACKS.put((self.scope, pid), (data, pack), len(data) + (0 if plain else len(body)))
 
     def drop_packs(self, pids: list[str]) -> None:
         """Let go of these packs (no thread in use names them any more: ``pack_cache.py``)."""

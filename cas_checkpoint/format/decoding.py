@@ -222,6 +222,10 @@ class _Decoder:
             if entry.kind == _MODEL and getattr(cls, "__pydantic_root_model__", False):
                 return model.model_validate(state)
             if entry.kind == _MODEL and type(state) is dict:
+                if getattr(cls, "__pydantic_custom_init__", False):  # (LangChain's messages)
+                    # what model_validate does for a class with its own __init__ (its by_name
+                    # is not passed on), without the validation call that only calls __init__
+                    return cls(**state)
                 return model.model_validate(state, by_alias=False, by_name=True)
             if entry.kind == _DATACLASS and type(state) is dict:
                 obj = cls(**{k: v for k, v in state.items() if k not in entry.no_init})

@@ -174,6 +174,19 @@ def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
     return (plain if stored is None else stored), plain
 
 
+_READING = threading.local()  # this thread's zstd decompression context (``_decompressor``)
+
+
+def _decompressor(zstandard: Any) -> Any:
+    """This thread's zstd decompression context, made once (a context is not thread-safe, and
+    making one costs ~50 us, about what decompressing a small pack does; a stream reader
+    resets it before each frame)."""
+    dctx = getattr(_READING, "dctx", None)
+    if dctx is None:
+        dctx = _READING.dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    return dctx
+
+
 def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
     """Fill the last ``size`` bytes of ``out`` (made to its full size by the caller, after
     ``_check_ratio``) with what the zstd frame at ``data[start:]`` holds."""
@@ -184,7 +197,7 @@ def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None
     # Streamed, never sized by the frame's header: output goes straight where it belongs (no
     # chunk made, then copied), and one byte past what the index says is asked for; the window
     # a frame may ask for is bounded. Damage cannot ask for more.
-    dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    dctx = _decompressor(zstandard)
     dest = memoryview(out)[len(out) - size:]
     got, extra = 0, bytearray(1)
     try:
@@ -197,11 +210,13 @@ def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None
             if got == size:
                 got += reader.readinto(extra)
     except (zstandard.ZstdError, MemoryError) as exc:
+        _READING.dctx = None  # (a context a damaged frame stopped is not used again)
         raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
                    ) from None
     finally:
         dest.release()
     if got != size:
+        _READING.dctx = None
         raise _bad(f"its body decompresses to {got} bytes, not the {size} its index says")
 
 
@@ -277,10 +292,11 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
         return list(zip(self._ends, self._ends[1:], strict=False))
 
 
-def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
-    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index
-    (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
-    find the one it wants."""
+def _header(data: bytes | memoryview
+            ) -> tuple[memoryview, int, tuple[int, ...], tuple[int, ...], int]:
+    """(the pack's bytes, where its body starts, its objects' id prefixes and lengths, their
+    sum) from its header, with every check that needs no byte of the body (a compressed
+    body's ratio is checked before anything is allocated)."""
     if object_kind(data) != PACK:
         raise _bad("expected a pack")
     view = memoryview(data)
@@ -301,6 +317,15 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     total = sum(lengths)
     if view[5] & ZSTD:
         _check_ratio(len(view) - body, total)  # (before anything is allocated)
+    return view, body, prefixes, lengths, total
+
+
+def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
+    """A pack's bytes as a reader uses them (the body decompressed, if it was) and its index
+    (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
+    find the one it wants."""
+    view, body, prefixes, lengths, total = _header(data)
+    if view[5] & ZSTD:
         plain = bytearray(body + total)
         plain[:body] = view[:body]
         plain[5] &= ~ZSTD
@@ -309,6 +334,16 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
     return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
+
+
+def pack_index(data: bytes | memoryview) -> tuple[PackIndex, int]:
+    """A pack's index and its size with its body decompressed, read from its header only
+    (nothing is decompressed or allocated for the body; ``open_pack`` of the same bytes
+    checks the body and gives the objects)."""
+    view, body, prefixes, lengths, total = _header(data)
+    if not view[5] & ZSTD and body + total != len(view):
+        raise _bad("pack index does not add up to the pack's length")
+    return PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body))), body + total
 
 
 def read_pack_index(data: bytes | memoryview) -> PackIndex:
