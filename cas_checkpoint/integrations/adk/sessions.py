@@ -245,7 +245,7 @@ class CasSessionService(BaseSessionService):
         marker = session._storage_update_marker
         if (marker is not None and marker != cp.id) or (
                 marker is None and raw["last_update_time"] > session.last_update_time):
-            if any(e.get("id") == event.id and _event(e, name) == event
+            if any(isinstance(e, dict) and e.get("id") == event.id and _event(e, name) == event
                    for e in raw["events"][-8:]):
                 return event  # an equal re-delivery of an event already stored
             raise StaleSessionError(
