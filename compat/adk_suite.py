@@ -1,4 +1,5 @@
-"""Run Google ADK's own session-service tests on CasSessionService, beside ADK's own backends.
+"""Run Google ADK's own session- and artifact-service tests on CasSessionService and
+CasArtifactService, beside ADK's own backends.
 
     python compat/adk_suite.py                          # tests of the installed ADK's tag
     python compat/adk_suite.py --repo /path/to/adk-python  # a checkout or a bare git dir
@@ -6,14 +7,17 @@
 ADK's sdist holds no tests, so they come from its repository: ``--repo`` (a checkout, or a
 git directory read with ``git show HEAD:<path>``), else ``$CAS_ADK_REPO``, else the tarball of
 the tag ``v<installed version>`` from GitHub. ``tests/unittests/sessions/test_session_service.py``
-is copied to a temporary folder at run time (never vendored) and changed in three places only:
+and ``tests/unittests/artifacts/test_artifact_service.py`` are copied to a temporary folder at
+run time (never vendored) and changed in these places only:
 
 * every ``@pytest.mark.parametrize('service_type', [...])`` list also names ``CAS_MEMORY`` and
   ``CAS_LOCAL`` (a ``memory://`` store and a local folder, fresh per test);
-* ``get_session_service`` hands out ``CasSessionService`` for those two and defers to ADK's
-  own function for the rest;
+* ``get_session_service`` / ``get_artifact_service`` hand out our service for those two and
+  defer to ADK's own function for the rest;
 * ``DatabaseSessionService`` is ADK's SQLAlchemy service when ``google-adk[db]`` is installed,
-  else ADK's ``SqliteSessionService`` on a temporary file (the ``DATABASE`` rows say which).
+  else ADK's ``SqliteSessionService`` on a temporary file (the last lines say which); the
+  ``GCS`` artifact rows need google-cloud-storage, else they run ADK's ``FileArtifactService``
+  (and are counted as ``FILE``).
 
 It prints pass counts per backend; the exit status is 1 when a test fails on one of ours and
 passes on all of ADK's, 2 when the tests cannot be found.
@@ -35,28 +39,54 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frame_common import by_backend, only_ours_failed, run_pytest, table  # noqa: E402
 
-FILES = ("tests/unittests/sessions/test_session_service.py",)
+SESSIONS = "tests/unittests/sessions/test_session_service.py"
+ARTIFACTS = "tests/unittests/artifacts/test_artifact_service.py"
+FILES = (SESSIONS, ARTIFACTS)
 OURS = ["CAS_MEMORY", "CAS_LOCAL"]
-THEIRS = ["IN_MEMORY", "DATABASE"]
+THEIRS = ["IN_MEMORY", "DATABASE", "GCS", "FILE"]
+
+# per file: its enum of backends, its factory function, our service and how a peer that
+# needs what is not installed runs instead
+SHAPES = {
+    SESSIONS: ("SessionServiceType", "get_session_service", "CasSessionService", """
+def _cas_peer(t):
+    return t.name
+"""),
+    ARTIFACTS: ("ArtifactServiceType", "get_artifact_service", "CasArtifactService", """
+def _cas_has_gcs():
+    try:
+        import google.cloud.storage  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _cas_peer(t):  # without google-cloud-storage, GCS rows run ADK's FileArtifactService
+    return "FILE" if t.name == "GCS" and not _cas_has_gcs() else t.name
+"""),
+}
 
 PRELUDE = '''
 # --- added by compat/adk_suite.py ---
 import tempfile as _cas_tempfile
 import uuid as _cas_uuid
 
-from cas_checkpoint.integrations.adk import CasSessionService as _CasSessionService
-
-_CAS_TYPES = [pytest.param(t, id=t.name) for t in SessionServiceType] + [
+from cas_checkpoint.integrations.adk import {cls} as _CasService
+{peer}
+_CAS_TYPES = [pytest.param(t, id=_cas_peer(t)) for t in {enum}] + [
     pytest.param("CAS_MEMORY", id="CAS_MEMORY"), pytest.param("CAS_LOCAL", id="CAS_LOCAL")]
-_adk_get_session_service = get_session_service
+_adk_factory = {getter}
 
 
-def get_session_service(service_type=SessionServiceType.IN_MEMORY, *args, **kwargs):
+def {getter}(service_type={enum}.IN_MEMORY, *args, **kwargs):
     if service_type == "CAS_MEMORY":
-        return _CasSessionService(f"memory://adk-{_cas_uuid.uuid4().hex}")
+        return _CasService(f"memory://adk-{{_cas_uuid.uuid4().hex}}")
     if service_type == "CAS_LOCAL":
-        return _CasSessionService(_cas_tempfile.mkdtemp(prefix="cas-adk-"))
-    return _adk_get_session_service(service_type, *args, **kwargs)
+        return _CasService(_cas_tempfile.mkdtemp(prefix="cas-adk-"))
+    if _cas_peer(service_type) == "FILE":
+        from google.adk.artifacts import FileArtifactService
+        return FileArtifactService(_cas_tempfile.mkdtemp(prefix="adk-file-"))
+    return _adk_factory(service_type, *args, **kwargs)
 # --- end ---
 
 '''
@@ -70,6 +100,13 @@ def DatabaseSessionService(url, *args, **kwargs):  # compat/adk_suite.py: see DA
         import tempfile
         from google.adk.sessions.sqlite_session_service import SqliteSessionService
         return SqliteSessionService(tempfile.mkdtemp() + "/sessions.db")
+'''
+
+GCS_SHIM = '''
+try:
+    from google.adk.artifacts import GcsArtifactService
+except ImportError:  # compat/adk_suite.py: GCS rows run FileArtifactService then
+    GcsArtifactService = None
 '''
 
 
@@ -111,17 +148,21 @@ def read_test(repo: str | None, path: str) -> tuple[str, str]:
     raise SuiteUnavailable(f"{url} holds no {path}")
 
 
-def patch(text: str) -> str:
+def patch(path: str, text: str) -> str:
     """ADK's test file, with our backends added (see the module docstring)."""
+    enum, getter, cls, peer = SHAPES[path]
     text = re.sub(r"^from google\.adk\.sessions import DatabaseSessionService\n", DB_SHIM,
                   text, flags=re.M)
-    text = re.sub(r"'service_type',\s*\[[^\]]*SessionServiceType[^\]]*\]",
+    text = re.sub(r"^from google\.adk\.artifacts import GcsArtifactService\n", GCS_SHIM,
+                  text, flags=re.M)
+    text = re.sub(r"([\'\"])service_type\1,\s*\[[^\]]*" + enum + r"[^\]]*\]",
                   "'service_type', _CAS_TYPES", text)
     first = re.search(r"^@pytest", text, flags=re.M)
-    if first is None or "def get_session_service" not in text:
-        raise SuiteUnavailable("ADK's test file changed shape (no get_session_service or no "
-                               "tests): update compat/adk_suite.py")
-    return text[:first.start()] + PRELUDE + text[first.start():]
+    if first is None or f"def {getter}" not in text:
+        raise SuiteUnavailable(f"ADK's {path} changed shape (no {getter} or no tests): "
+                               "update compat/adk_suite.py")
+    prelude = PRELUDE.format(cls=cls, peer=peer, enum=enum, getter=getter)
+    return text[:first.start()] + prelude + text[first.start():]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,14 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         names = []
         for path, (text, _) in zip(FILES, sources, strict=True):
             dest = work / Path(path).name
-            dest.write_text(patch(text), encoding="utf-8")
+            dest.write_text(patch(path, text), encoding="utf-8")
             names.append(dest.name)
         if args.k:
             names += ["-k", args.k]
         lines = run_pytest(work, names, timeout=args.timeout, verbose=args.verbose)
     backends = THEIRS + OURS
     results = by_backend(lines, backends)
-    print(f"ADK's session-service tests ({', '.join(src for _, src in sources)}), "
+    print(f"ADK's session- and artifact-service tests ({', '.join(src for _, src in sources)}), "
           f"google-adk {installed_version()} installed:")
     print(table(results, backends))
     try:

@@ -89,7 +89,9 @@ def by_backend(lines: list[dict[str, Any]], backends: list[str]
 def table(results: dict[str, dict[str, str]], backends: list[str]) -> str:
     rows = ["| backend | passed | failed | skipped |", "|---|---|---|---|"]
     for b in backends:
-        c = Counter(results.get(b, {}).values())
+        if not results.get(b):
+            continue  # (a backend that did not run)
+        c = Counter(results[b].values())
         rows.append(f"| {b} | {c['passed']} | {c['failed']} | {c['skipped']} |")
     return "\n".join(rows)
 

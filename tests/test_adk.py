@@ -31,7 +31,10 @@ from google.genai import types  # noqa: E402
 
 from cas_checkpoint import CasError, CheckpointStore, FormatError  # noqa: E402
 from cas_checkpoint.aio import AsyncCheckpointStore  # noqa: E402
-from cas_checkpoint.integrations.adk import CasSessionService  # noqa: E402
+from cas_checkpoint.integrations.adk import (  # noqa: E402
+    CasArtifactService,
+    CasSessionService,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 APP, USER = "app", "u1"
@@ -324,4 +327,94 @@ def test_adk_own_session_service_tests() -> None:
     rows = {line.split("|")[1].strip(): line for line in got.stdout.splitlines()
             if line.startswith("| ") and "backend" not in line}
     passed = {b: int(rows[b].split("|")[2]) for b in rows}
-    assert passed["CAS_MEMORY"] == passed["CAS_LOCAL"] == passed["IN_MEMORY"] >= 6, got.stdout
+    assert passed["CAS_MEMORY"] == passed["CAS_LOCAL"] == passed["IN_MEMORY"] >= 10, got.stdout
+
+
+def blob(data: bytes) -> types.Part:
+    return types.Part.from_bytes(data=data, mime_type="application/octet-stream")
+
+
+def test_artifacts_are_content_addressed_chunked_and_numbered(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    big = os.urandom(1 << 20)
+
+    async def main() -> None:
+        arts = CasArtifactService(url)
+        store = CheckpointStore.open(url)
+        kw: dict[str, Any] = {"app_name": APP, "user_id": USER, "session_id": "s"}
+        assert await arts.save_artifact(filename="f.bin", artifact=blob(big), **kw) == 0
+        one = store.storage_bytes()
+        assert one > len(big)  # random bytes do not compress
+        # the same bytes again as a new version: no chunk is added (the store writes packs
+        # per thread, so another artifact with these bytes would store them once more)
+        assert await arts.save_artifact(filename="f.bin", artifact=blob(big), **kw) == 1
+        assert store.storage_bytes() - one < 8_000
+        assert await arts.save_artifact(filename="g.bin", artifact=blob(b"g"), **kw) == 0
+        # one byte changed in the middle: a few chunks (FastCDC), not the file again
+        two = store.storage_bytes()
+        changed = big[:500_000] + b"x" + big[500_001:]
+        assert await arts.save_artifact(filename="f.bin", artifact=blob(changed), **kw,
+                                        custom_metadata={"why": "edit"}) == 2
+        assert store.storage_bytes() - two < len(big) // 8
+        assert await arts.list_versions(filename="f.bin", **kw) == [0, 1, 2]
+        versions = await arts.list_artifact_versions(filename="f.bin", **kw)
+        assert [v.version for v in versions] == [0, 1, 2]
+        assert versions[2].custom_metadata == {"why": "edit"}
+        assert versions[0].mime_type == "application/octet-stream"
+        got = await arts.load_artifact(filename="f.bin", version=0, **kw)
+        assert got is not None and got.inline_data is not None and got.inline_data.data == big
+        latest = await arts.load_artifact(filename="f.bin", **kw)
+        assert latest is not None and latest.inline_data is not None
+        assert latest.inline_data.data == changed
+        assert await arts.load_artifact(filename="f.bin", version=3, **kw) is None
+        await arts.save_artifact(app_name=APP, user_id=USER, filename="user:prefs",
+                                 artifact=types.Part(text="dark mode"))
+        assert await arts.list_artifact_keys(**kw) == ["f.bin", "g.bin", "user:prefs"]
+        await arts.delete_artifact(filename="g.bin", **kw)
+        assert await arts.load_artifact(filename="g.bin", **kw) is None
+        await arts.close()
+
+    asyncio.run(main())
+
+
+def test_artifacts_on_s3_moto(moto_server: dict[str, Any]) -> None:
+    url = f"s3://{moto_server['bucket']}/adk-art-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        arts = CasArtifactService(url, storage_options=moto_server["storage_options"])
+        kw: dict[str, Any] = {"app_name": APP, "user_id": USER, "session_id": "s"}
+        data = os.urandom(300_000)
+        for i in range(3):
+            assert await arts.save_artifact(filename="r.bin", artifact=blob(data + bytes([i])),
+                                            **kw) == i
+        got = await arts.load_artifact(filename="r.bin", version=1, **kw)
+        assert got is not None and got.inline_data is not None
+        assert got.inline_data.data == data + b"\x01"
+        await arts.close()
+
+    asyncio.run(main())
+
+
+def test_hostile_stored_artifact_raises_format_error(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+
+    async def main() -> None:
+        arts = CasArtifactService(url)
+        store = await AsyncCheckpointStore.open(url)
+        name = "adk/artifact/app/u1/s/f"
+        for raw in ({"part": {"inline_data": {"data": 5}}},
+                    {"part": {}, "bytes": "not bytes"}, [1, 2]):
+            await store.save(name, raw, metadata={"adk_artifact": {"version": 0,
+                                                                   "canonical_uri": "x"}})
+            with pytest.raises(FormatError, match="not one this adapter wrote"):
+                await arts.load_artifact(app_name=APP, user_id=USER, session_id="s",
+                                         filename="f")
+            await store.delete_thread(name)
+        await store.save(name, {"part": {"text": "t"}}, metadata={"adk_artifact": "x"})
+        with pytest.raises(FormatError):
+            await arts.list_artifact_versions(app_name=APP, user_id=USER, session_id="s",
+                                              filename="f")
+        await store.aclose()
+        await arts.close()
+
+    asyncio.run(main())

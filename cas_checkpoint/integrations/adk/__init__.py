@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .artifacts import CasArtifactService
 from .sessions import CasSessionService
 
 SCHEMES = ("cas+file", "cas+memory", "cas+s3")
@@ -34,4 +35,4 @@ def register(registry: Any = None) -> None:
             scheme, lambda uri, **kw: CasSessionService(_url(uri)))
 
 
-__all__ = ["CasSessionService", "register"]
+__all__ = ["CasArtifactService", "CasSessionService", "register"]
