@@ -10,12 +10,29 @@ bound to the loop that opens it: ``LazyStore`` opens the store at the first awai
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
 from ..aio import AsyncCheckpointStore
 from ..errors import FormatError
+from ..store import CheckpointStore
+
+_STORES: dict[str, CheckpointStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def shared_store(store: str | CheckpointStore, options: Mapping[str, Any]) -> CheckpointStore:
+    """One blocking store object per URL and options in this process (the sessions of one
+    store share its caches and its per-thread turn-taking), or ``store`` itself."""
+    if isinstance(store, CheckpointStore):
+        return store
+    key = f"{store}\0{sorted(options.items())!r}"
+    with _STORES_LOCK:
+        if key not in _STORES:
+            _STORES[key] = CheckpointStore.open(store, **options)
+        return _STORES[key]
 
 
 def thread_name(prefix: str, *parts: str) -> str:

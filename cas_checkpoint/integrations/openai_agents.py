@@ -19,7 +19,6 @@ The session runs the blocking ``CheckpointStore`` in a worker thread (as the SDK
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -34,27 +33,11 @@ from pydantic_core import to_jsonable_python
 from ..errors import ConflictError, InvalidArgumentError, NotFoundError
 from ..objects import CheckpointId
 from ..store import CheckpointStore
-from ._names import bad_stored, thread_name
+from ._names import bad_stored, shared_store, thread_name
 
 PREFIX = "agents/session"
 CAS_RETRIES = 64
 T = TypeVar("T")
-
-_STORES: dict[str, CheckpointStore] = {}
-_STORES_LOCK = threading.Lock()
-
-
-def _open(store: str | CheckpointStore, options: Mapping[str, Any]) -> CheckpointStore:
-    """One store object per URL and options in this process (sessions of one store share its
-    caches and its per-thread turn-taking)."""
-    if isinstance(store, CheckpointStore):
-        return store
-    key = f"{store}\0{sorted(options.items())!r}"
-    with _STORES_LOCK:
-        if key not in _STORES:
-            _STORES[key] = CheckpointStore.open(store, **options)
-        return _STORES[key]
-
 
 def _items(raw: Any, where: str) -> list[Any]:
     if not isinstance(raw, dict) or not isinstance(raw.get("items"), list):
@@ -82,7 +65,7 @@ class CasSession(SessionABC):
         self.session_settings = (coerce_session_settings(dict(session_settings))
                                  if isinstance(session_settings, Mapping)
                                  else session_settings or SessionSettings())
-        self.store = _open(store, open_options)
+        self.store = shared_store(store, open_options)
         self.thread_id = thread_name(PREFIX, session_id)
         self._closed = False
 
