@@ -12,12 +12,14 @@ storage interface (no model, no runner: the storage is what is measured):
 * Pydantic AI: ``load`` then ``save`` of the conversation a turn (as an app does around each
   run); ``CasConversationStore`` beside ``InMemoryConversationStore`` (the package has no other).
 
-Columns: bytes stored at the end, after ``gc(repack=True)`` for ours and ``VACUUM`` for SQLite;
-the median ms of a turn; S3 requests per turn (ours on ``s3://`` against a moto server on
-127.0.0.1: every aiobotocore API call, so a GET, a PUT or a LIST counts once); the requests of a
-cold resume (a new process reads the whole session: ``get_session``/``get_items``/``load``); and
-what a branch at the middle turn adds (ours: ``fork_session``/``branch_from_turn``/``fork``;
-``AdvancedSQLiteSession.create_branch_from_turn``, which copies rows), in bytes on disk.
+Columns: bytes stored at the end, after ``gc(repack=True)`` for ours and ``VACUUM`` for SQLite
+(its file and its write-ahead log, checkpointed; a local store's ref files count as the files
+they are); the median ms of a turn; S3 requests per turn (ours on ``s3://`` against a moto
+server on 127.0.0.1: every aiobotocore API call, so a GET, a PUT or a LIST counts once); the
+requests of a cold resume (a new process reads the whole session: ``get_session``,
+``get_items``, ``load``); and what a branch at the middle turn adds, in bytes stored (ours:
+``fork_session``, ``branch_from_turn``, ``fork``; ``AdvancedSQLiteSession``'s
+``create_branch_from_turn``, which copies rows).
 Times on S3 are moto's on loopback, not a real region's.
 
     python benchmarks/bench_adapters.py                 # 200 turns
@@ -191,9 +193,11 @@ def size_of(kind: str, url: str, db: str, opts: dict[str, Any] | None) -> int | 
         return None
     if kind in ("sqlite", "advanced-sqlite"):
         conn = sqlite3.connect(db)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute("VACUUM")
         conn.close()
-        return os.path.getsize(db)
+        return sum(os.path.getsize(db + ext) for ext in ("", "-wal")
+                   if os.path.exists(db + ext))
     if kind == "cas-s3":
         assert opts is not None
         return s3_size(opts, "bench", url.split("/", 3)[3] + "/")[0]
