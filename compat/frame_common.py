@@ -53,7 +53,10 @@ def run_pytest(work: Path, files: list[str], *, timeout: float, verbose: bool,
     results = work / "results.jsonl"
     results.unlink(missing_ok=True)
     (work / "conftest.py").write_text(CONFTEST, encoding="utf-8")
-    (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    # asyncio_mode: newer framework tests have async fixtures (needs pytest-asyncio; without
+    # it, the conftest above runs async tests and the key is ignored)
+    (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n"
+                                     "asyncio_mode = auto\n")
     env = dict(os.environ, CAS_FRAME_RESULTS=str(results), **(extra_env or {}),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=short" if verbose else "--tb=no",
