@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,9 @@ asyncio.run(main())
 
 
 def objects_bytes(url: str) -> int:
-    """Bytes of a local store's files outside refs/ (its objects and packs)."""
+    """Bytes of a local store's files outside refs/ (its objects and packs), once gc has
+    dropped what nothing names (a save may merge packs, leaving the parts until gc)."""
+    CheckpointStore.open(url).gc(grace=timedelta(0), repack=True)
     return sum(p.stat().st_size for p in Path(url).rglob("*")
                if p.is_file() and p.relative_to(url).parts[0] != "refs")
 
