@@ -342,8 +342,11 @@ def test_fork_and_branch_copy_no_message(tmp_path: Path) -> None:
         c = await pai.load("c")
         assert c is not None
         await pai.branch("c", at=50, expected_revision=c.revision)
-        # three new heads: records and index nodes, not 100 KB of messages
-        assert objects_bytes(url) - before < 12_000, objects_bytes(url) - before
+        # copies would add 100 + 160 + 50 messages (~190% of the conversation); the three
+        # heads add records and index nodes (0-3 KB each in most runs), and a cut inside a
+        # closed region of the list rewrites that region (up to ~57 KB of ~180 KB measured)
+        grown = objects_bytes(url) - before
+        assert grown < before // 2, (grown, before)
         assert len((await pai.load("f") or Conversation()).messages) == 100
 
     run(main())
