@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -52,6 +53,9 @@ def test_python_block_runs_alone_and_twice(code: str, tmp_path: Path, s3_env: No
     monkeypatch.chdir(tmp_path)
     where = request.node.callspec.id
     for run in (1, 2):
+        # a second run is a second process: its memory:// is empty, its folders are not
+        MemoryFileSystem.store.clear()
+        MemoryFileSystem.pseudo_dirs[:] = [""]
         namespace: dict[str, Any] = {"__name__": "__main__"}
         try:
             exec(compile(code, f"{where} (run {run})", "exec"), namespace)
