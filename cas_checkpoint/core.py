@@ -18,6 +18,7 @@ from itertools import islice
 from typing import Any
 
 from . import codec, marker, model, retention, tree
+from .archive import InArchive
 from .backends import Backend
 from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
@@ -235,7 +236,17 @@ class Core(Upkeep):
         head = ref.head
         cid = head.head if checkpoint_id is None else checkpoint_id
         assert cid is not None
-        view: View = yield from self.objects.view(head)
+        # the newest state is in the head's own packs (a long thread's archive: only if not)
+        view: View = yield from self.objects.view(head, recent=cid == head.head)
+        try:
+            return self._load_view(thread_id, ref, checkpoint_id, cid, view)
+        except InArchive:
+            view = yield from self.objects.view(head)
+            return self._load_view(thread_id, ref, checkpoint_id, cid, view)
+
+    def _load_view(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None,
+                   cid: CheckpointId, view: View) -> Checkpoint:
+        head = ref.head
         if checkpoint_id is not None and cid != head.head:
             self._entry(thread_id, head, view, cid)
         elif all(e.id != cid for e in head.tail):  # a head edited to point outside its log
@@ -245,7 +256,7 @@ class Core(Upkeep):
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
             except NotFoundError as exc:
-                if "is not in thread" in str(exc):
+                if isinstance(exc, InArchive) or "is not in thread" in str(exc):
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
@@ -326,9 +337,9 @@ class Core(Upkeep):
         keep its state's encoding for the next)."""
         try:
             record = Record.decode(view.get(cid))
-        except NotFoundError:
-            if view.unreadable:  # (the error names the pack it may be in)
-                raise
+        except NotFoundError as exc:
+            if view.unreadable or isinstance(exc, InArchive):  # (the error names the pack it
+                raise  # may be in; or the archive that the reader reads next)
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         if newest:  # the head's checkpoint, after every check load makes: for warm loads
             self._warm.newest(view.head.thread_id, view.head, record)
@@ -371,8 +382,15 @@ class Core(Upkeep):
             return limit is not None and len(out) >= limit
 
         if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
-            view = yield from self.refs.view(head)
-            take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+            view = yield from self.refs.view(head, recent=True)  # (the newest entries)
+            done, skipped = len(out), skipping
+            try:
+                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+            except InArchive:  # older entries, in a long thread's archive: read it too
+                del out[done:]
+                skipping = skipped
+                view = yield from self.refs.view(head)
+                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
         if skipping:
             raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
         return out
@@ -432,7 +450,7 @@ class Core(Upkeep):
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             new: dict[ObjectId, bytes] = {}
             base = Head(new_thread_id, None, packs=src.packs, inline=src.inline,
-                        lineage=new_lineage())
+                        lineage=new_lineage(), archive=src.archive)
             head = build(base, kept, cid, new)
             return head, (yield from self.refs.missing(src, new))
 
@@ -457,7 +475,7 @@ class Core(Upkeep):
                 raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it "
                                            "or copy into another name")
             return Head(new_thread_id, src.head, src.head_step, src.peaks, src.tail, src.packs,
-                        src.inline, new_lineage()), {}
+                        src.inline, new_lineage(), src.archive), {}
             yield  # pragma: no cover - a step
 
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,

@@ -3,10 +3,11 @@
 
 * ``gc`` deletes every pack that no ref names and that is older than a grace period, judged by
   the storage's own modified times. A thread's head names every pack that holds its objects
-  (``packing.py``), so marking reads the refs and no object: its cost grows with threads and
-  packs, never with nodes. (The report's ``*_objects`` fields count packs.) Packs a merge
-  replaced become garbage here; objects that prune or rewind made unreachable stay inside their
-  packs until ``repack`` rewrites them.
+  (``packing.py``; a long thread's head names its archive's pack, which lists the others:
+  ``archive.py``), so marking reads the refs (and those archives) and no object: its cost
+  grows with threads and packs, never with nodes. (The report's ``*_objects`` fields count
+  packs.) Packs a merge replaced become garbage here; objects that prune or rewind made
+  unreachable stay inside their packs until ``repack`` rewrites them.
 
 How gc stays safe with writers active, and with no lock that blocks them:
 
@@ -40,13 +41,14 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from . import archive
 from .backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from .crypto import unwrap
-from .errors import CasError, InvalidArgumentError, StorageError
+from .errors import CasError, InvalidArgumentError, NotFoundError, StorageError
 from .heads import Head
 from .objects import ObjectId
-from .objstore import PREFIX, key_pack_id, pack_key
-from .ops import Blocking, DeleteMany, List, ListMany, PutMany, ReadRefs, Step, run
+from .objstore import PREFIX, key_pack_id, pack_key, parse_pack
+from .ops import Blocking, DeleteMany, GetMany, List, ListMany, PutMany, ReadRefs, Step, run
 from .refs import HEADS, is_thread_key
 from .repack import RepackReport
 from .retention import PruneReport as PruneReport  # re-exported: callers look in gc
@@ -198,9 +200,12 @@ class _Collector:
         self.report.ref_rounds += 1
         return changed
 
-    def mark_heads(self, heads: dict[str, Head]) -> None:
+    def mark_heads(self, heads: dict[str, Head]) -> Step[None]:
+        archives = yield from self.read_archives([h for h in heads.values() if h.archive])
         for head in heads.values():
-            names = frozenset(p.id for p in head.packs)
+            names: frozenset[str] = frozenset(p.id for p in head.packs)
+            if head.archive is not None:  # a long thread's archive and the packs it lists
+                names = names | {head.archive.id} | archives[head.archive.id]
             swap = self.swaps.get(head.thread_id)
             if swap is not None and swap[0] == names:  # (a head that moved since: as it is)
                 self.marked.add(swap[1].id)
@@ -208,6 +213,30 @@ class _Collector:
             else:
                 self.marked.update(names)
         self.progress("mark", len(heads), len(heads))
+
+    def read_archives(self, heads: list[Head]) -> Step[dict[str, frozenset[str]]]:
+        """The packs each archive of ``heads`` lists (archive.py), read in one round. One that
+        cannot be read stops gc before it deletes anything: what it lists is not known."""
+        ids = list(dict.fromkeys(h.archive.id for h in heads if h.archive is not None))
+        if not ids:
+            return {}
+        self.req["get"] += len(ids)
+        got = yield GetMany([pack_key(i) for i in ids])
+        out: dict[str, frozenset[str]] = {}
+        for aid in ids:
+            try:
+                data = got[pack_key(aid)]
+                if data is None:
+                    raise NotFoundError(f"{pack_key(aid)} is missing")
+                listed = archive.of_pack(parse_pack(aid, data).objects)
+            except CasError as exc:
+                raise StorageError(
+                    f"gc stopped before deleting anything: the archive {pack_key(aid)} of a "
+                    f"long thread cannot be read ({exc}), so the packs it names are not "
+                    f"known. Run `cas-checkpoint verify`, and restore or remove that thread"
+                    ) from None
+            out[aid] = frozenset(p.id for p in listed)
+        return out
 
     # listing
 
@@ -300,13 +329,13 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     if isinstance(backend, LocalBackend):
         yield Blocking(_recover_trash, (backend,))
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
-    c.mark_heads((yield from c.read_refs()))
+    yield from c.mark_heads((yield from c.read_refs()))
     listed = yield from c.list_objects()
     for _ in range(REF_ROUNDS):
         changed = yield from c.read_refs()
         if not changed:
             break
-        c.mark_heads(changed)
+        yield from c.mark_heads(changed)
     there = {oid for oid, _ in listed}
     listed += [(ObjectId(oid), ObjectInfo(pack_key(oid), size, t0))  # a dry repack's packs
                for oid, size in sorted(c.new_packs.items()) if oid not in there]

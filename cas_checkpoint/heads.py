@@ -4,7 +4,9 @@ code: no I/O.
 
 A head's bytes are the 5-byte header, the 32-byte BLAKE3 of the body, then a msgpack map: thread
 id (``t``), head id (``h``) and step (``s``), segment peaks (``p``), tail entries (``e``), packs
-(``k``), inline objects (``i``) and lineage (``g``).
+(``k``), inline objects (``i``) and lineage (``g``); a long thread's head also names its archive
+(``a``: the pack holding the list of its archived packs, ``archive.py``), a key a head without
+an archive does not have (so such a head's bytes are as they always were).
 """
 
 from __future__ import annotations
@@ -86,15 +88,16 @@ class Head:
     packs: tuple[PackRef, ...] = ()
     inline: tuple[bytes, ...] = ()
     lineage: bytes = b""
+    archive: PackRef | None = None  # the pack listing the archived packs (archive.py)
 
     @property
     def count(self) -> int:
         return sum(p.count for p in self.peaks) + len(self.tail)
 
     def storage(self, base: Head) -> Head:
-        """This head with the packs, inline objects and lineage of ``base``."""
+        """This head with the packs, inline objects, lineage and archive of ``base``."""
         return Head(self.thread_id, self.head, self.head_step, self.peaks, self.tail,
-                    base.packs, base.inline, base.lineage)
+                    base.packs, base.inline, base.lineage, base.archive)
 
     def encode(self) -> bytes:
         # The bytes of msgpack.packb({"t": ..., "h": ..., "s": ..., "p": ..., "e": ..., "k":
@@ -107,7 +110,10 @@ class Head:
             use_bin_type=True)
         last: bytes = msgpack.packb(["i", list(self.inline), "g", self.lineage],
                                     use_bin_type=True)
-        body = b"".join((b"\x88", first[1:], b"\xa1e", _packed_entries(self.tail), b"\xa1k",
+        if self.archive is not None:  # (the ninth key: only a head that has an archive)
+            last += b"\xa1a" + _packed_ref(self.archive)
+        body = b"".join((b"\x88" if self.archive is None else b"\x89", first[1:], b"\xa1e",
+                         _packed_entries(self.tail), b"\xa1k",
                          _list_header(len(self.packs)), *map(_packed_ref, self.packs),
                          last[1:]))
         global _ENCODED
@@ -139,8 +145,9 @@ class Head:
                                   use_list=True)
         except Exception as exc:
             raise _bad(f"cannot decode thread head: {exc}") from None
-        if not isinstance(raw, dict) or set(raw) != {"t", "h", "s", "p", "e", "k", "i", "g"}:
-            raise _bad("head must be a map with keys t,h,s,p,e,k,i,g")
+        if not isinstance(raw, dict) or set(raw) - {"a"} != {"t", "h", "s", "p", "e", "k", "i",
+                                                              "g"}:
+            raise _bad("head must be a map with keys t,h,s,p,e,k,i,g (and a)")
         thread, head, peaks, tail = raw["t"], raw["h"], raw["p"], raw["e"]
         step, packs, inline, lineage = raw["s"], raw["k"], raw["i"], raw["g"]
         if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step < MAX_STEP:
@@ -160,12 +167,8 @@ class Head:
                     or not p[1] < 64):
                 raise _bad("head peak must be [32-byte id, level, count]")
             out.append(Peak(ObjectId(p[0].hex()), p[1], p[2]))
-        refs = []
-        for p in packs:
-            if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
-                    or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
-                raise _bad("head pack must be [32-byte id, level, size, count]")
-            refs.append(PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3]))
+        refs = [_pack_ref(p) for p in packs]
+        archive = _pack_ref(raw["a"]) if "a" in raw else None
         if not all(isinstance(o, bytes) for o in inline):
             raise _bad("head inline objects must be byte strings")
         return Head(
@@ -177,6 +180,7 @@ class Head:
             tuple(refs),
             tuple(inline),
             lineage,
+            archive,
         )
 
 
@@ -192,6 +196,13 @@ def packs_of(data: bytes, path: str = "ref") -> tuple[PackRef, ...]:
     if last[0] is data:
         return last[1]
     return Head.decode(data, path).packs
+
+
+def _pack_ref(p: object) -> PackRef:
+    if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
+            or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
+        raise _bad("head pack must be [32-byte id, level, size, count]")
+    return PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3])
 
 
 def _count(v: object) -> bool:

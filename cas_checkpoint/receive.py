@@ -432,7 +432,7 @@ def receive(core: Core, source: Source, as_thread: str | None = None,
         packs = (*base.packs, *added)
         segs: dict[ObjectId, bytes] = {}
         head = build(Head(target, None, packs=packs, inline=base.inline,
-                          lineage=base.lineage), entries, header.head, segs)
+                          lineage=base.lineage, archive=base.archive), entries, header.head, segs)
         names.update(p.id for p in added)
         new = dict(carried)
         for sid, data in segs.items():

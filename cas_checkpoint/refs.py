@@ -179,19 +179,19 @@ def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
             peaks = peaks[:-FANOUT] + (Peak(oid, group[0].level + 1,
                                             sum(p.count for p in group)),)
     return Head(head.thread_id, entry.id, entry.step, peaks, tail, head.packs, head.inline,
-                head.lineage)
+                head.lineage, head.archive)
 
 
 def build(base: Head, entries: list[LogEntry], head_id: CheckpointId | None,
           new: dict[ObjectId, bytes]) -> Head:
     """A head holding exactly ``entries`` (in order), with ``head_id`` as its head, and the
-    thread id, packs, inline objects and lineage of ``base``."""
+    thread id, packs, inline objects, lineage and archive of ``base``."""
     head = Head(base.thread_id, None)
     for entry in entries:
         head = append(head, entry, new)
     step = next((e.step for e in entries if e.id == head_id), -1)
     return Head(base.thread_id, head_id if step >= 0 else None, step, head.peaks, head.tail,
-                base.packs, base.inline, base.lineage)
+                base.packs, base.inline, base.lineage, base.archive)
 
 
 def _same(a: Ref | None, b: Ref | None) -> bool:
@@ -288,11 +288,12 @@ class RefStore:
                     out.append(long_id)
         return sorted(out)
 
-    def view(self, head: Head) -> Step[View | None]:
-        """The view a head's log needs (None when all of it is in the head)."""
+    def view(self, head: Head, recent: bool = False) -> Step[View | None]:
+        """The view a head's log needs (None when all of it is in the head); ``recent``:
+        ``ObjectStore.view``'s."""
         if not head.peaks:
             return None
-        view: View = yield from self.objects.view(head)
+        view: View = yield from self.objects.view(head, recent)
         return view
 
     def iter_newest_first(self, head: Head, view: View | None) -> Iterator[LogEntry]:

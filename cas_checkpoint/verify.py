@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import archive
 from . import verify_parts as vp
 from .backends import Backend
 from .crypto import Keyring, is_sealed_key, unwrap
@@ -509,6 +510,16 @@ class _Audit:
     def run(self) -> Step[VerifyReport]:
         t0 = time.perf_counter()
         heads = yield from self.read_refs()
+        archived = list(dict.fromkeys(pack_key(h.archive.id) for h in heads.values() if h.archive))
+        got = (yield GetMany(archived)) if archived else {}
+        for key, head in heads.items():  # a long thread's archived packs: as named by its head
+            if head.archive is not None:
+                heads[key], bad = archive.flattened(head, got.get(pack_key(head.archive.id)))
+                for p in heads[key].packs:
+                    self.named_by.setdefault(p.id, set()).add(head.thread_id)
+                if bad is not None:
+                    self.problem("unreadable", "archive", head.archive.id,
+                                 pack_key(head.archive.id), bad, (head.thread_id,))
         left: dict[str, int] = {}
         for head in heads.values():
             for pid in {p.id for p in head.packs}:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, packing
+from cas_checkpoint import CheckpointStore, archive, packing
 from cas_checkpoint.heads import Head, PackRef
 from cas_checkpoint.objects import ObjectId, object_id
 from cas_checkpoint.packfile import decode_pack
@@ -69,7 +69,8 @@ def test_early_merges_keep_every_object_and_rewrite_small_packs() -> None:
     store: dict[ObjectId, bytes] = {}
     _, _, head = _grow(1500, (), store)
     held: set[ObjectId] = set()
-    for p in head.packs:
+    listed = () if head.archive is None else archive.of_pack(decode_pack(store[head.archive.id]))
+    for p in (*head.packs, *listed):  # (the head's packs, and its archive's: archive.py)
         held |= set(decode_pack(store[p.id]))
     assert held == {oid for n in range(1, 1501) for oid in _objects(n)}
     # levels do not rise toward the newest pack: the newest packs are the small ones
