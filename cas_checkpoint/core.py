@@ -22,7 +22,7 @@ from .archive import InArchive
 from .backends import Backend
 from .codec import TypeRegistry
 from .errors import FormatError, IntegrityError, InvalidArgumentError, NotFoundError, StorageError
-from .heads import Head
+from .heads import Head, named
 from .model import Checkpoint, CheckpointInfo, check_id, check_meta, info_of
 from .objects import (
     MAX_PARENTS,
@@ -446,17 +446,24 @@ class Core(Upkeep):
                 keep.add(c)
                 todo.extend(by_id[c].parents)
         kept = [e for e in entries if e.id in keep]
+        if (yield from self.refs.read(new_thread_id)) is not None:
+            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
+                                       "fork into another name")
+        # the packs the fork will name, marked held in the source (its writers never delete
+        # them: collect.py); when the source moved meanwhile, its newer head holds the same
+        held = (yield from self.refs.hold(thread_id)).head
+        if held.packs != src.packs or held.archive != src.archive:
+            src = held
+            view = yield from self.objects.view(src)
+            view.check_checkpoint(cid)
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             new: dict[ObjectId, bytes] = {}
             base = Head(new_thread_id, None, packs=src.packs, inline=src.inline,
-                        lineage=new_lineage(), archive=src.archive)
+                        lineage=new_lineage(), archive=src.archive, held=named(src))
             head = build(base, kept, cid, new)
             return head, (yield from self.refs.missing(src, new))
 
-        if (yield from self.refs.read(new_thread_id)) is not None:
-            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
-                                       "fork into another name")
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
@@ -468,14 +475,15 @@ class Core(Upkeep):
         """``new_thread_id`` holding exactly what ``thread_id`` holds (every checkpoint, its head,
         its packs): no state is copied. The new thread must not exist."""
         thread_key(new_thread_id)
-        src = (yield from self.ref(thread_id)).head
+        yield from self.ref(thread_id)
+        src = (yield from self.refs.hold(thread_id)).head  # (its packs held: collect.py)
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             if ref is not None:
                 raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it "
                                            "or copy into another name")
             return Head(new_thread_id, src.head, src.head_step, src.peaks, src.tail, src.packs,
-                        src.inline, new_lineage(), src.archive), {}
+                        src.inline, new_lineage(), src.archive, named(src)), {}
             yield  # pragma: no cover - a step
 
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,

@@ -207,6 +207,12 @@ def _read(group: list[PackRef], fresh: Mapping[ObjectId, Mapping[ObjectId, bytes
 
 def _with(head: Head, packs: tuple[PackRef, ...], inline: tuple[bytes, ...],
           archive: PackRef | None = None) -> Head:
+    """``head`` naming ``packs``, ``inline`` and ``archive``; of its held packs, those it
+    still names (collect.py)."""
     archive = head.archive if archive is None else archive
+    held = head.held
+    if held:
+        named = {p.id for p in packs} | ({archive.id} if archive is not None else set())
+        held = frozenset(held & named)
     return Head(head.thread_id, head.head, head.head_step, head.peaks, head.tail, packs, inline,
-                head.lineage, archive)
+                head.lineage, archive, held)
