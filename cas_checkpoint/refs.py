@@ -30,6 +30,7 @@ from functools import partial
 import blake3
 
 from . import collect, packing
+from .archive import InArchive
 from .backends import Backend, RefMismatch
 from .crypto import SealedBackend, is_sealed_key
 from .errors import (
@@ -348,8 +349,8 @@ class RefStore:
         of its segments)."""
         if not new:
             return new
-        view: View = yield from self.objects.view(head)
-        have = view.frozen_ids()
+        view: View = yield from self.objects.view(head, recent=True)  # (what a long thread's
+        have = view.frozen_ids()  # archive holds too is written again: a copy does no harm)
         return {k: v for k, v in new.items() if k not in have}
 
     def rebuilt(self, base: Head, entries: list[LogEntry], head_id: CheckpointId | None
@@ -365,12 +366,18 @@ class RefStore:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
         parent or at ``base``, the head the entry was appended to (it would come before
         either). Without them (an entry with no parents, on a new thread) the whole log is
-        read."""
-        for seen in (yield from self.newest_first(head)):
-            if seen.id == entry.id:
-                return True
-            if seen.id == base or seen.id in entry.parents:
-                return False
+        read. (The head's own packs first: a long thread's archive only if they end first.)"""
+        for recent in (True, False):
+            view = yield from self.view(head, recent)
+            try:
+                for seen in self.iter_newest_first(head, view):
+                    if seen.id == entry.id:
+                        return True
+                    if seen.id == base or seen.id in entry.parents:
+                        return False
+            except InArchive:
+                continue
+            return False
         return False
 
     def entries(self, head: Head) -> Step[list[LogEntry]]:
