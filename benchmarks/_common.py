@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cas_checkpoint._fmt import human_bytes
+from cas_checkpoint.humanize import human_bytes
 
 human = human_bytes  # "1.5 KB"; the benchmarks import it from here
 

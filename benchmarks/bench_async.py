@@ -81,8 +81,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import message, moto_s3, moto_s3_process, pct, table, version  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
-from cas_checkpoint import CheckpointStore, codec  # noqa: E402
+from cas_checkpoint import CheckpointStore
 from cas_checkpoint.aio import AsyncCheckpointStore  # noqa: E402
+from cas_checkpoint.format import codec  # noqa: E402
 
 Msgs = list[dict[str, Any]]
 HEARTBEAT = 0.001  # seconds the heartbeat sleeps

@@ -76,7 +76,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.graph.message import _messages_delta_reducer  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
-from cas_checkpoint import codec  # noqa: E402
+from cas_checkpoint.format import codec  # noqa: E402
 
 TARGET_RATIO = 3.0
 WORDS = ("agent", "tool", "search", "result", "the", "of", "plan", "step", "query", "answer",

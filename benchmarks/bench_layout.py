@@ -73,8 +73,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import human, message, moto_s3, table, version  # noqa: E402
 
 import cas_checkpoint  # noqa: E402
-from cas_checkpoint import CheckpointStore, codec  # noqa: E402
-from cas_checkpoint.objects import VERSION  # noqa: E402
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.format import codec  # noqa: E402
+from cas_checkpoint.format.objects import VERSION  # noqa: E402
 
 Msgs = list[dict[str, Any]]
 
@@ -438,7 +439,8 @@ def memory_rows(k: int) -> list[list[Any]]:
 
 _PEAK = """
 import gc, os, resource, sys, tempfile, time, tracemalloc
-from cas_checkpoint import CheckpointStore, codec
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.format import codec
 
 def high_water():  # bytes; VmHWM is this process's own (ru_maxrss keeps the parent's across exec)
     try:

@@ -116,7 +116,11 @@ def _archived(store: Any, head: Any) -> tuple[Any, ...]:
     """The head's archive's pack and the packs it lists (none, in a version without)."""
     if getattr(head, "archive", None) is None:
         return ()
-    from cas_checkpoint import archive, ops
+    try:
+        from cas_checkpoint.engine import archive
+        from cas_checkpoint.engine import steps as ops
+    except ImportError:  # (a checkout before the move into folders)
+        from cas_checkpoint import archive, ops  # type: ignore[attr-defined,no-redef]
 
     return (head.archive, *ops.run(archive.archived(store._core.objects, head), store.backend))
 

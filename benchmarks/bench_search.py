@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import human, message, table  # noqa: E402
 
-from cas_checkpoint import CheckpointStore, tree  # noqa: E402
-from cas_checkpoint.objstore import View  # noqa: E402
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine.object_store import View  # noqa: E402
+from cas_checkpoint.tree import build as tree  # noqa: E402
 
 
 class NodeCount:

@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import human, message, table  # noqa: E402
 
-from cas_checkpoint import CheckpointStore, codec, tree  # noqa: E402
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.format import codec
+from cas_checkpoint.tree import build as tree  # noqa: E402
 
 
 class Counting:

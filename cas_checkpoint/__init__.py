@@ -7,11 +7,10 @@
     {'messages': ['hi'], 'step': 1}
 """
 
-from .codec import TypeRegistry
-from .copy import CopyReport, copy_threads
-from .crypto import Key
-from .diff import Change, StateDiff
-from .errors import (
+from cas_checkpoint.aio import AsyncCheckpointStore
+from cas_checkpoint.engine.model import ThreadStats
+from cas_checkpoint.engine.retention import PruneReport
+from cas_checkpoint.errors import (
     CasError,
     ConflictError,
     FormatError,
@@ -22,17 +21,27 @@ from .errors import (
     StorageError,
     UnsafeStorageError,
 )
-from .gc import GCReport
-from .model import ThreadStats
-from .objects import CheckpointId, ObjectId
-from .receive import BundleReport
-from .repack import RepackReport
-from .retention import PruneReport
-from .search import Match, SearchResult
-from .store import Checkpoint, CheckpointInfo, CheckpointStore, StoreStats
-from .verify_report import Problem, VerifyReport
+from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.format.objects import CheckpointId, ObjectId
+from cas_checkpoint.format.sealing import Key
+from cas_checkpoint.maintenance.gc import GCReport
+from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.verify_report import Problem, VerifyReport
+from cas_checkpoint.query.diff import Change, StateDiff
+from cas_checkpoint.query.part import StatePart, Unread
+from cas_checkpoint.query.search import Match, SearchResult
+from cas_checkpoint.store import (
+    Checkpoint,
+    CheckpointInfo,
+    CheckpointStore,
+    StoreStats,
+    copy_threads,
+)
+from cas_checkpoint.transfer.copy import CopyReport
+from cas_checkpoint.transfer.receive import BundleReport
 
 __all__ = [
+    "AsyncCheckpointStore",
     "BundleReport",
     "CasError",
     "Change",
@@ -56,11 +65,13 @@ __all__ = [
     "SearchResult",
     "SerializationError",
     "StateDiff",
+    "StatePart",
     "StorageError",
     "StoreStats",
     "ThreadStats",
     "TypeRegistry",
     "UnsafeStorageError",
+    "Unread",
     "VerifyReport",
     "copy_threads",
 ]

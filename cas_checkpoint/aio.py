@@ -21,27 +21,41 @@ the commit lost. So after a cancelled save, ``landed(exc)`` tells the caller whe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker, rotation
-from . import gc as gcmod
-from .backends import Backend, backend_for, open_backend_async
-from .core import CACHE_BYTES, UNSET, Core
-from .crypto import Encryption
-from .diff import StateDiff
-from .diff import diff as diff_step
-from .errors import InvalidArgumentError
-from .model import Checkpoint, CheckpointInfo, StoreStats
-from .objects import CheckpointId
-from .ops import Step, arun, landed
-from .repack import RepackReport
-from .retention import PruneReport
-from .search import SearchResult
-from .search import search as search_step
-from .store import check_open_args
-from .verify_report import Progress, VerifyReport
+from cas_checkpoint.backends import (
+    Backend,
+    backend_for,
+    check_open_args,
+    open_backend_async,
+    sealed,
+)
+from cas_checkpoint.engine import encryption as crypto
+from cas_checkpoint.engine import settings as marker
+from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core
+from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.retention import PruneReport
+from cas_checkpoint.engine.steps import Step, arun, landed
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format import sealing
+from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.format.sealing import Encryption
+from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.upkeep import Maintenance
+from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
+from cas_checkpoint.query.diff import StateDiff
+from cas_checkpoint.query.diff import diff as diff_step
+from cas_checkpoint.query.part import StatePart
+from cas_checkpoint.query.part import read_part as part_step
+from cas_checkpoint.query.search import SearchResult
+from cas_checkpoint.query.search import search as search_step
+from cas_checkpoint.transfer import bundle, copy
+from cas_checkpoint.transfer.copy import CopyReport
+from cas_checkpoint.transfer.receive import Progress as CopyProgress
 
 __all__ = ["AsyncCheckpointStore", "landed"]
 
@@ -75,6 +89,8 @@ class AsyncCheckpointStore:
     inside the event loop that will use it. One store object serves any number of tasks at once.
     """
 
+    _copy = "acopy_threads"  # what copies between stores of this class
+
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
                  cache_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
@@ -101,14 +117,14 @@ class AsyncCheckpointStore:
         backend = await open_backend_async(url, dict(storage_options or {}),
                                            allow_unsafe=allow_unsafe, retries=retries,
                                            timeout=timeout, create=create)
-        ring = crypto.Keyring.of(encryption)
+        ring = sealing.Keyring.of(encryption)
         if ring is not None:
-            backend = crypto.SealedBackend(backend, ring)
+            backend = sealed.SealedBackend(backend, ring)
         store = cls.__new__(cls)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
         try:
-            if isinstance(backend, crypto.SealedBackend):
+            if isinstance(backend, sealed.SealedBackend):
                 await store._run(crypto.opening(url, store._core.objects, backend, create))
             else:
                 await store._run(marker.opening(url, store._core.objects, create))
@@ -119,6 +135,7 @@ class AsyncCheckpointStore:
 
     def _init(self, core: Core) -> None:
         self._core = core
+        self._upkeep = Maintenance(core)
         self.backend: Backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
@@ -173,6 +190,14 @@ class AsyncCheckpointStore:
     async def diff(self, a_id: CheckpointId, b_id: CheckpointId) -> StateDiff:
         """What changed from checkpoint ``a_id`` to ``b_id`` (see ``CheckpointStore.diff``)."""
         return await self._run(diff_step(self._core, a_id, b_id))
+
+    async def read_part(self, thread_id: str, checkpoint_id: CheckpointId | None = None,
+                        path: Sequence[Any] = (), *, start: int = 0,
+                        count: int = 100) -> StatePart:
+        """One part of a checkpoint's state, read without the rest (see
+        ``CheckpointStore.read_part``)."""
+        return await self._run(part_step(self._core, thread_id, checkpoint_id, path, start,
+                                         count))
 
     async def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                      all_history: bool = False, limit: int | None = None,
@@ -243,28 +268,28 @@ class AsyncCheckpointStore:
                      thread_id: str | None = None,
                      progress: Progress | None = None) -> VerifyReport:
         """Audit the store (see ``CheckpointStore.verify``)."""
-        return await self._run(self._core.verify(deep=deep, sample=sample,
+        return await self._run(self._upkeep.verify(deep=deep, sample=sample,
                                                  thread_id=thread_id, progress=progress))
 
     async def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
                     older_than: timedelta | None = None, keep_labeled: bool = True,
                     keep_tags: Iterable[str] = (), dry_run: bool = False) -> PruneReport:
         """Drop checkpoints from threads' logs (see ``CheckpointStore.prune``)."""
-        return await self._run(self._core.prune(thread_id, keep_last=keep_last,
+        return await self._run(self._upkeep.prune(thread_id, keep_last=keep_last,
                                                 older_than=older_than, keep_labeled=keep_labeled,
                                                 keep_tags=keep_tags, dry_run=dry_run))
 
     async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                      dry_run: bool = False) -> RepackReport:
         """Rewrite packs that hold mostly garbage (see ``CheckpointStore.repack``)."""
-        return await self._run(self._core.repack(thread_id, min_garbage=min_garbage,
+        return await self._run(self._upkeep.repack(thread_id, min_garbage=min_garbage,
                                                  dry_run=dry_run))
 
     async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
                  progress: gcmod.GCProgress | None = None, force: bool = False,
                  repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
         """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
-        return await self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
+        return await self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
                                              force=force, repack=repack,
                                              min_garbage=min_garbage))
 
@@ -292,7 +317,7 @@ class AsyncCheckpointStore:
     async def rekey(self) -> dict[str, Any]:
         """``CheckpointStore.rekey``."""
         backend = self.backend
-        if not isinstance(backend, crypto.SealedBackend):
+        if not isinstance(backend, sealed.SealedBackend):
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "AsyncCheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
@@ -300,9 +325,17 @@ class AsyncCheckpointStore:
 
     async def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
-        return await self._run(self._core.storage_bytes())
+        return await self._run(self._upkeep.storage_bytes())
 
     async def stats(self, *, by_thread: bool = False) -> StoreStats:
         """Logical against physical bytes, and per thread with ``by_thread=True`` (see
         ``CheckpointStore.stats``)."""
-        return await self._run(self._core.stats(by_thread))
+        return await self._run(self._upkeep.stats(by_thread))
+
+
+async def acopy_threads(src: AsyncCheckpointStore, dst: AsyncCheckpointStore,
+                        threads: Iterable[str] | None = None, *,
+                        progress: CopyProgress | None = None) -> CopyReport:
+    """``copy_threads`` between two ``AsyncCheckpointStore``s (opened on this loop)."""
+    s, d = copy.cores(src, dst, AsyncCheckpointStore)
+    return await arun(copy.copy_step(s, d, threads, progress), d.backend)

@@ -4,41 +4,41 @@ the backend's blocking calls."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import GeneratorType
 from typing import Any, TypeVar
 
-from . import bundle, crypto, marker, rotation
-from . import gc as gcmod
-from .backends import Backend, backend_for, open_backend
-from .core import CACHE_BYTES, UNSET, Core, log
-from .crypto import Encryption
-from .diff import StateDiff
-from .diff import diff as diff_step
-from .errors import InvalidArgumentError
-from .model import Checkpoint, CheckpointInfo, StoreStats
-from .objects import CheckpointId
-from .ops import Step, run
-from .repack import RepackReport
-from .retention import PruneReport
-from .search import SearchResult
-from .search import search as search_step
-from .verify_report import Progress, VerifyReport
+from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend, sealed
+from cas_checkpoint.engine import encryption as crypto
+from cas_checkpoint.engine import settings as marker
+from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core, log
+from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.retention import PruneReport
+from cas_checkpoint.engine.steps import Step, run
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format import sealing
+from cas_checkpoint.format.extypes import TypeRegistry
+from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.format.sealing import Encryption
+from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.upkeep import Maintenance
+from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
+from cas_checkpoint.query.diff import StateDiff
+from cas_checkpoint.query.diff import diff as diff_step
+from cas_checkpoint.query.part import StatePart
+from cas_checkpoint.query.part import read_part as part_step
+from cas_checkpoint.query.search import SearchResult
+from cas_checkpoint.query.search import search as search_step
+from cas_checkpoint.transfer import bundle, copy
+from cas_checkpoint.transfer.copy import CopyReport
+from cas_checkpoint.transfer.receive import Progress as CopyProgress
 
 __all__ = ["Checkpoint", "CheckpointInfo", "CheckpointStore", "StoreStats", "log"]
 
 T = TypeVar("T")
-
-
-def check_open_args(retries: object, timeout: object) -> None:
-    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
-                                or not 1 <= retries <= 100):
-        raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not 0 < timeout <= 86400):  # nan and inf are no bound
-        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
-                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 class _Blocking:
@@ -71,6 +71,8 @@ class CheckpointStore:
     Open one with :meth:`open` (a directory path, ``memory://name``, ``s3://bucket/prefix``) or
     build it from an fsspec filesystem and a root: ``CheckpointStore(fs, "bucket/prefix")``.
     """
+
+    _copy = "copy_threads"  # what copies between stores of this class
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
@@ -114,16 +116,16 @@ class CheckpointStore:
         ``encryption="keyless"`` opens it for ``gc`` and ``verify(deep=False)`` only."""
         check_open_args(retries, timeout)
         settings = marker.Settings.of(compression, compression_level)
-        ring = crypto.Keyring.of(encryption)
+        ring = sealing.Keyring.of(encryption)
         store = cls.__new__(cls)
         url = str(url) if hasattr(url, "__fspath__") else url
         backend = open_backend(url, dict(storage_options or {}), allow_unsafe=allow_unsafe,
                                retries=retries, timeout=timeout, create=create)
         if ring is not None:
-            backend = crypto.SealedBackend(backend, ring)
+            backend = sealed.SealedBackend(backend, ring)
         store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
         store._core.objects.wanted = settings
-        if isinstance(backend, crypto.SealedBackend):
+        if isinstance(backend, sealed.SealedBackend):
             store._run(crypto.opening(url, store._core.objects, backend, create))
         else:
             store._run(marker.opening(url, store._core.objects, create))
@@ -152,6 +154,7 @@ class CheckpointStore:
 
     def _init(self, core: Core) -> None:
         self._core = core
+        self._upkeep = Maintenance(core)
         self.backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
@@ -203,6 +206,18 @@ class CheckpointStore:
         "removed", "changed" and ``path`` like ``'["messages"][41]["content"]'``. Subtrees
         both states share are skipped unread (``d.nodes_read`` says how many nodes it read)."""
         return self._run(diff_step(self._core, a_id, b_id))
+
+    def read_part(self, thread_id: str, checkpoint_id: CheckpointId | None = None,
+                  path: Sequence[Any] = (), *, start: int = 0,
+                  count: int = 100) -> StatePart:
+        """One part of a checkpoint's state (the head's, without ``checkpoint_id``), read
+        without the rest: ``path`` is a list of dict keys and list indexes (``["messages",
+        -1]``; ``()`` is the whole state), and only the nodes on the way to it and its own
+        are read. ``part.value`` is the value there, one node deep: lists, dicts, str and
+        bytes stored in nodes of their own inside it stand as ``Unread(kind, length)``; a
+        list gives the items ``start`` .. ``start + count`` (``part.length`` says how many it
+        has). ``part.nodes_read`` counts the tree nodes read."""
+        return self._run(part_step(self._core, thread_id, checkpoint_id, path, start, count))
 
     def search(self, query: str, *, regex: bool = False, thread_id: str | None = None,
                all_history: bool = False, limit: int | None = None,
@@ -282,7 +297,7 @@ class CheckpointStore:
         every object no checkpoint reaches (or a random ``sample`` fraction of them). Problems
         name the threads and checkpoints they break; ``report.ok``, ``report.to_text()``,
         ``report.to_json()``."""
-        return self._run(self._core.verify(deep=deep, sample=sample, thread_id=thread_id,
+        return self._run(self._upkeep.verify(deep=deep, sample=sample, thread_id=thread_id,
                                            progress=progress))
 
     # --- retention and garbage collection (gc.py) ---
@@ -296,7 +311,7 @@ class CheckpointStore:
         (tags alone keep nothing unless listed). ``report.reasons`` counts what each rule kept.
         Refs only, by compare-and-swap (a concurrent save is never lost); no object is deleted
         until repack() and gc()."""
-        return self._run(self._core.prune(thread_id, keep_last=keep_last, older_than=older_than,
+        return self._run(self._upkeep.prune(thread_id, keep_last=keep_last, older_than=older_than,
                                           keep_labeled=keep_labeled, keep_tags=keep_tags,
                                           dry_run=dry_run))
 
@@ -307,7 +322,7 @@ class CheckpointStore:
         rewind or delete), keeping only what its checkpoints reach. The old packs become
         garbage: ``gc()`` deletes them once they are older than its grace. Safe while others
         save (compare-and-swap)."""
-        return self._run(self._core.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
+        return self._run(self._upkeep.repack(thread_id, min_garbage=min_garbage, dry_run=dry_run))
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
            progress: gcmod.GCProgress | None = None, force: bool = False,
@@ -318,7 +333,7 @@ class CheckpointStore:
         first ``repack(min_garbage=...)`` every thread (``report.repack``); a dry run then
         counts as if that repack had been done, so it predicts what the run deletes. Every
         argument is checked before anything changes."""
-        return self._run(self._core.gc(grace=grace, dry_run=dry_run, progress=progress,
+        return self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
                                        force=force, repack=repack, min_garbage=min_garbage))
 
     # --- moving threads between stores (bundle.py, copy.py) ---
@@ -357,7 +372,7 @@ class CheckpointStore:
         Returns a report: ``threads``, ``packs_rewritten``, ``bytes_written``, ``key_id``,
         ``retired_key_ids``."""
         backend = self.backend
-        if not isinstance(backend, crypto.SealedBackend):
+        if not isinstance(backend, sealed.SealedBackend):
             raise InvalidArgumentError("rekey needs an encrypted store opened with its keys: "
                                        "CheckpointStore.open(url, encryption=[new, old])")
         self._core._known.clear()
@@ -365,11 +380,30 @@ class CheckpointStore:
 
     def storage_bytes(self) -> int:
         """Bytes stored under the root (packs and refs)."""
-        return self._run(self._core.storage_bytes())
+        return self._run(self._upkeep.storage_bytes())
 
     def stats(self, *, by_thread: bool = False) -> StoreStats:
         """Logical bytes (every checkpoint's state, as if stored whole) against physical bytes
         stored. Reads the refs and lists the objects; reads no state. ``by_thread=True`` also
         fills ``by_thread`` (thread id -> ``ThreadStats``: checkpoints, messages, logical and
         physical bytes, dedup ratio), and reads each thread's head state to count messages."""
-        return self._run(self._core.stats(by_thread))
+        return self._run(self._upkeep.stats(by_thread))
+
+
+def copy_threads(src: CheckpointStore, dst: CheckpointStore,
+                 threads: Iterable[str] | None = None, *,
+                 progress: CopyProgress | None = None) -> CopyReport:
+    """Copy threads (all of them by default) from the store ``src`` into the store ``dst``,
+    each with its whole history, writing only the objects ``dst`` does not hold. Each thread's
+    ref is written last, so a copy killed half way leaves garbage at most (gc takes it) and
+    running it again finishes it, writing only what the first run did not. A thread that
+    exists in ``dst`` with another history raises ``ConflictError`` (threads before it are
+    copied)."""
+    s, d = copy.cores(src, dst, CheckpointStore)
+    return run(copy.copy_step(s, d, threads, progress), d.backend)
+
+
+def engine_for(store: CheckpointStore, types: TypeRegistry) -> Core:
+    """An engine over ``store``'s storage and settings that stores the classes of ``types``:
+    the internal API for an integration that drives engine steps as a third face (CasSaver)."""
+    return store._core.with_types(types)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 
-from cas_checkpoint import CheckpointStore, packing
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.objstore import pack_key
-from cas_checkpoint.refs import Ref, thread_key
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import staging
+from cas_checkpoint.engine.object_store import pack_key
+from cas_checkpoint.engine.refs import Ref, thread_key
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
 
 
 def plant_lying_pack(store: CheckpointStore, thread: str, ref: Ref,
@@ -19,7 +20,7 @@ def plant_lying_pack(store: CheckpointStore, thread: str, ref: Ref,
     hashes to its name. Returns the pack."""
     lying = dict(objects)
     lying[target] = liar
-    pref, data = packing.make_pack({ObjectId(k): v for k, v in lying.items()}, 0)
+    pref, data = staging.make_pack({ObjectId(k): v for k, v in lying.items()}, 0)
     assert pref.id == object_id(data)  # the pack itself is intact
     store.backend.put_many({pack_key(pref.id): data})
     h = ref.head

@@ -89,7 +89,7 @@ class AsyncFace:
         import threading
 
         from cas_checkpoint.aio import AsyncCheckpointStore
-        from cas_checkpoint.ops import arun
+        from cas_checkpoint.engine.steps import arun
         from cas_checkpoint.store import _Blocking
 
         self._loop = loop = asyncio.new_event_loop()

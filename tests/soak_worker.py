@@ -92,12 +92,12 @@ def trace_merges() -> set[str]:
     """Print ``merge`` when a save has staged a merge (before its packs and ref are written),
     so a test can tell a kill that landed in the middle of a merge; returns the merged pack ids
     staged so far (filled as saves go)."""
-    from cas_checkpoint import packing
+    from cas_checkpoint.engine import staging
 
     merged: set[str] = set()
-    real = packing.stage
+    real = staging.stage
 
-    def stage(head: Any, new: Any, read: Any, inline_max: int = packing.INLINE_MAX,
+    def stage(head: Any, new: Any, read: Any, inline_max: int = staging.INLINE_MAX,
               compressor: Any = None, **options: Any) -> Any:
         staged, written = real(head, new, read, inline_max, compressor, **options)
         ids = {p.id for p in staged.packs if p.level > 0 and p.id in written}
@@ -106,7 +106,7 @@ def trace_merges() -> set[str]:
             out("merge", len(ids))
         return staged, written
 
-    packing.stage = stage  # type: ignore[assignment]
+    staging.stage = stage  # type: ignore[assignment]
     return merged
 
 
@@ -116,7 +116,7 @@ def hang_in_merge(store: CheckpointStore, cfg: dict[str, Any]) -> None:
     ``in_pack`` (local disk: the merged pack's temp file written and fsynced, not linked) or
     ``before_ref`` (the merged pack written, the ref not yet), until killed."""
     import cas_checkpoint.backends.local as backend
-    from cas_checkpoint.objstore import key_pack_id
+    from cas_checkpoint.engine.object_store import key_pack_id
 
     at = cfg["at"]
     merged = trace_merges()

@@ -33,9 +33,10 @@ from cas_checkpoint.agents import (
     openai_tools,
 )
 from cas_checkpoint.aio import AsyncCheckpointStore
+from cas_checkpoint.engine.refs import thread_key
 from cas_checkpoint.errors import CasError, FormatError, SerializationError
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import (
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import (
     KINDS,
     MAX_REASON,
     STATUSES,
@@ -46,7 +47,6 @@ from cas_checkpoint.objects import (
     Segment,
     object_id,
 )
-from cas_checkpoint.refs import thread_key
 
 
 def mem() -> CheckpointStore:

@@ -13,12 +13,17 @@ import uuid
 from typing import Any
 
 import pytest
+from builders import msg
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.aio import AsyncCheckpointStore, landed
 from cas_checkpoint.backends import Backend
 
 SOAK = os.environ.get("CAS_SOAK", "small") == "full"
+
+
+def _msg(task: int, i: int) -> dict[str, Any]:
+    return msg(i, "lorem ipsum ", 30, prefix=f"task {task} message")
 
 
 def _url(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
@@ -29,11 +34,6 @@ def _url(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> tuple[str,
         return str(tmp_path / f"store-{name}"), {}
     server = request.getfixturevalue("moto_server")
     return f"s3://{server['bucket']}/{name}", {"storage_options": server["storage_options"]}
-
-
-def _msg(task: int, i: int) -> dict[str, Any]:
-    return {"role": "assistant" if i % 2 else "user",
-            "content": f"task {task} message {i}: " + "lorem ipsum " * 30}
 
 
 @pytest.mark.parametrize("kind", ["memory", "local", "s3"])

@@ -10,8 +10,7 @@ import pytest
 from _hostile import plant_lying_pack
 
 from cas_checkpoint import CheckpointStore, FormatError, IntegrityError
-from cas_checkpoint.links import varint
-from cas_checkpoint.objects import (
+from cas_checkpoint.format.objects import (
     NODE,
     decode_node,
     decode_nodes,
@@ -20,7 +19,8 @@ from cas_checkpoint.objects import (
     object_ids,
     object_kind,
 )
-from cas_checkpoint.shapes import COUNTED, LIST, concat_lengths
+from cas_checkpoint.format.placeholders import varint
+from cas_checkpoint.tree.shapes import COUNTED, LIST, concat_lengths
 
 
 def _state(n: int) -> dict[str, Any]:

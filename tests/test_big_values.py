@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, Key, codec, scan, tree
-from cas_checkpoint import join as join_module
-from cas_checkpoint.objects import encode_node, object_id
+from cas_checkpoint import CheckpointStore, Key
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import encode_node, object_id
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree import cuts as scan
+from cas_checkpoint.tree import load as join_module
 
 MB = 1 << 20
 
@@ -148,10 +151,10 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The pack a save writes is cached as it was made (no decompressing or decrypting of
     what was just compressed or sealed), and reads back the same from storage."""
-    from cas_checkpoint import crypto, packfile
+    from cas_checkpoint.format import pack, sealing
 
     calls: list[str] = []
-    real_decompress, real_open = packfile._decompress, crypto.open_sealed_pack
+    real_decompress, real_open = pack._decompress, sealing.open_sealed_pack
 
     def decompress(*a: Any) -> None:
         calls.append("decompress")
@@ -161,8 +164,8 @@ def test_a_save_caches_its_pack_without_undoing_it(opts: dict[str, Any], tmp_pat
         calls.append("decrypt")
         return real_open(*a)
 
-    monkeypatch.setattr(packfile, "_decompress", decompress)
-    monkeypatch.setattr(crypto, "open_sealed_pack", open_sealed)
+    monkeypatch.setattr(pack, "_decompress", decompress)
+    monkeypatch.setattr(sealing, "open_sealed_pack", open_sealed)
     rng = random.Random(5)
     state = {"v": _text(rng, 3 * MB), "b": rng.randbytes(MB), "w": ["word " * 400] * 30}
     store = CheckpointStore.open(str(tmp_path / "s"), **opts)
@@ -182,19 +185,19 @@ def test_a_body_compressed_from_its_parts_is_one_frame_of_them() -> None:
     decompresses to the objects joined."""
     import zstandard
 
-    from cas_checkpoint import packfile
+    from cas_checkpoint.format import pack
 
     rng = random.Random(8)
     for total, pieces in ((700_000, 90), (9 * MB, 1100)):
         text = _text(rng, total).encode()
         cuts = sorted(rng.sample(range(1, total), pieces - 1))
         parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
-        out = packfile.Zstd(3).compress_parts(parts, total)
+        out = pack.Zstd(3).compress_parts(parts, total)
         assert out is not None
         frame = b"".join(out)
         assert zstandard.frame_content_size(frame) == total
         assert zstandard.ZstdDecompressor().decompress(frame) == text
-        assert packfile.Zstd(3).compress_parts([rng.randbytes(total)], total) is None
+        assert pack.Zstd(3).compress_parts([rng.randbytes(total)], total) is None
 
 
 def test_a_big_state_is_not_held_with_msgpacks_spare_buffer(

@@ -39,12 +39,12 @@ from cas_checkpoint import (
     NotFoundError,
     copy_threads,
 )
-from cas_checkpoint import copy as copymod
-from cas_checkpoint import receive as receivemod
-from cas_checkpoint.aio import AsyncCheckpointStore
-from cas_checkpoint.bundle import MAGIC, VERSION
-from cas_checkpoint.objects import object_id
-from cas_checkpoint.packfile import decode_pack
+from cas_checkpoint.aio import AsyncCheckpointStore, acopy_threads
+from cas_checkpoint.format.objects import object_id
+from cas_checkpoint.format.pack import decode_pack
+from cas_checkpoint.transfer import copy as copymod
+from cas_checkpoint.transfer import receive as receivemod
+from cas_checkpoint.transfer.bundle import MAGIC, VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -315,7 +315,7 @@ class _Writes(io.BytesIO):
 def test_streams_in_bounded_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The file is written in chunks, not built whole; an import writes new objects in packs
     of PACK_BYTES as they come, not all at the end."""
-    from cas_checkpoint import bundle
+    from cas_checkpoint.transfer import bundle
 
     src = _mem()
     for i in range(1, 41):
@@ -352,7 +352,7 @@ def test_async_copy() -> None:
     async def go() -> CopyReport:
         a = await AsyncCheckpointStore.open(src.url)
         b = await AsyncCheckpointStore.open(f"memory://acopy-{uuid.uuid4().hex[:8]}")
-        got = await copymod.acopy_threads(a, b)
+        got = await acopy_threads(a, b)
         assert await b.threads() == ["a", "b"]
         with pytest.raises(InvalidArgumentError, match="acopy_threads"):
             copy_threads(src, b)
@@ -437,7 +437,7 @@ def test_hostile_bundles(sample: bytes) -> None:
         _import_fails(_reframe(lying))
 
     # an object nothing names (a valid node, correctly hashed)
-    from cas_checkpoint.objects import encode_node
+    from cas_checkpoint.format.objects import encode_node
 
     stray = encode_node(b"\xa5stray")
     extra = [*records[:-1], (b"O", bytes.fromhex(object_id(stray)) + stray), records[-1]]
@@ -503,7 +503,7 @@ def test_copy_local_to_s3_and_s3_to_local(tmp_path: Path, moto_server: dict[str,
 _KILL_SCRIPT = textwrap.dedent("""
     import json, sys
     from cas_checkpoint import CheckpointStore, copy_threads
-    from cas_checkpoint import receive
+    from cas_checkpoint.transfer import receive
     receive.PACK_BYTES = 4096
     args = json.loads(sys.argv[1])
     src = CheckpointStore.open(args["src"])

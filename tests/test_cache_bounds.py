@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, codec, shared, tree, warm
-from cas_checkpoint.objects import ObjectId
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import caches, process_caches
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import ObjectId
+from cas_checkpoint.tree import build as tree
 
 
 def _held(store: CheckpointStore) -> dict[str, int]:
@@ -56,7 +59,7 @@ def test_caches_hold_what_the_threads_in_use_need_whatever_the_thread_length(
         _turn(store, t, messages)
         if t + 1 in (60, 240):
             got.append(_held(store))
-    state = len(__import__("cas_checkpoint").codec.encode(
+    state = len(__import__("cas_checkpoint.format.codec").format.codec.encode(
         {"messages": messages, "step": 3, "turn": 239}))
     for h in got:
         others = h["packs"] - h["head_packs"]
@@ -74,18 +77,18 @@ def test_a_long_threads_known_ids_roll_over_and_saves_still_write_only_what_is_n
     are its newest states' nodes and what it wrote lately, in two generations of at most
     ``KNOWN_IDS``: not every id the thread ever held. A save after many roll-overs still
     writes only its new nodes. (Before: every id the thread's saves wrote, 757 here.)"""
-    monkeypatch.setattr(warm, "KNOWN_IDS", 40, raising=False)  # (none before)
+    monkeypatch.setattr(caches, "KNOWN_IDS", 40, raising=False)  # (none before)
     store = CheckpointStore.open(str(tmp_path / "s"))
     messages: list[dict[str, Any]] = []
     written: list[int] = []
-    missing = warm.Known.missing
+    missing = caches.Known.missing
 
-    def counting(self: warm.Known, nodes: dict[str, bytes]) -> dict[str, bytes]:
+    def counting(self: caches.Known, nodes: dict[str, bytes]) -> dict[str, bytes]:
         got = missing(self, nodes)
         written.append(len(got))
         return got
 
-    monkeypatch.setattr(warm.Known, "missing", counting)
+    monkeypatch.setattr(caches.Known, "missing", counting)
     for i in range(300):
         messages.append({"i": i, "text": f"message {i} " + "lorem ipsum " * 12})
         store.save("t", {"messages": messages})
@@ -112,8 +115,9 @@ def test_memory_stores_shared_caches_let_go_of_what_their_threads_no_longer_need
 
     state = len(codec.encode({"messages": messages, "step": 3, "turn": 119}))
     current = sum(p.size for p in store._core._known["main"].head.packs)
-    assert held(shared.PACKS) <= 12 * current + 64 * 8_000, (held(shared.PACKS), current)
-    assert held(shared.STATES) <= 3 * state + 64 * 20_000, (held(shared.STATES), state)
+    packs, states = held(process_caches.PACKS), held(process_caches.STATES)
+    assert packs <= 12 * current + 64 * 8_000, (packs, current)
+    assert states <= 3 * state + 64 * 20_000, (states, state)
     assert CheckpointStore.open(store.url).load("main").state["messages"] == messages
 
 
@@ -123,14 +127,14 @@ def test_the_pack_cache_keeps_the_packs_of_the_newest_heads_of_the_threads_used_
     it any more (a merge replaced it; its thread fell out of the ``OWNED_THREADS`` used last);
     one that another tracked thread still names (a fork's) stays; one no thread was ever
     known to name (read by gc or verify) stays under the byte bound only."""
-    from cas_checkpoint import packcache
-    from cas_checkpoint.heads import Head, PackRef
-    from cas_checkpoint.objstore import Pack
-    from cas_checkpoint.packfile import PackIndex
+    from cas_checkpoint.engine import pack_cache
+    from cas_checkpoint.engine.object_store import Pack
+    from cas_checkpoint.format.heads import Head, PackRef
+    from cas_checkpoint.format.pack import PackIndex
 
-    monkeypatch.setattr(packcache, "OWNED_THREADS", 3)
+    monkeypatch.setattr(pack_cache, "OWNED_THREADS", 3)
     released: list[str] = []
-    cache = packcache.PackCache(1 << 30, released.extend)
+    cache = pack_cache.PackCache(1 << 30, released.extend)
 
     def pack(pid: str) -> PackRef:
         cache.remember(Pack(ObjectId(pid), 100, memoryview(b"x" * 100), PackIndex()))

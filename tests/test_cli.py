@@ -1,13 +1,10 @@
-"""The ``cas-checkpoint`` command through its real entry point (a subprocess), on local disk and S3
-(moto server), and in-process for memory:// (which lives in one process): every command, its
-``--json`` parsed back, bad arguments, missing and damaged stores, a progress bar on a pty."""
+"""The ``cas-checkpoint`` command in-process, on local disk, S3 (moto server) and memory://:
+every command, its ``--json`` parsed back, bad arguments, missing and damaged stores, a progress
+bar on a terminal; and once through the installed console script in a real process."""
 
 from __future__ import annotations
 
-import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import uuid
@@ -15,26 +12,21 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from builders import S3_ENV, run_cli, run_json
 from langgraph.graph.message import add_messages
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.cli import main
 
-ENV = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1", "COLUMNS": "200"}
+ENV = {**S3_ENV, "COLUMNS": "200"}
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120
-        ) -> tuple[int, str, str]:
-    proc = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env or ENV)
-    return proc.returncode, proc.stdout, proc.stderr
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    return run_cli(*args, env={**ENV, **(env or {})})
 
 
 def cli_json(*args: str, env: dict[str, str] | None = None) -> Any:
-    code, out, err = cli(*args, "--json", env=env)
-    assert code == 0, err
-    return json.loads(out)
+    return run_json(*args, env={**ENV, **(env or {})})
 
 
 def inproc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -99,10 +91,26 @@ def test_demo_shows_the_point_of_the_store(tmp_path: Path) -> None:
     assert CheckpointStore.open(url).count("support-agent") == 195
 
 
-def test_console_script_is_installed(tmp_path: Path) -> None:
+def test_console_script_in_a_real_process(tmp_path: Path) -> None:
+    """The one test through a real process: the installed ``cas-checkpoint`` script runs a
+    command, says its version, and exits 2 with one line on stderr for an error."""
     exe = Path(sys.executable).with_name("cas-checkpoint")
-    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    url = str(tmp_path / "s")
+    CheckpointStore.open(url).save("t", {"a": 1})
+    env = {**os.environ, "COLUMNS": "200"}
+
+    def real(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60,
+                              env=env)
+
+    proc = real("--help")
     assert proc.returncode == 0 and "diff" in proc.stdout and "export" in proc.stdout
+    proc = real("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("cas-checkpoint "), proc.stderr
+    proc = real("log", url, "t")
+    assert proc.returncode == 0 and "thread 't': 1 checkpoint" in proc.stdout, proc.stderr
+    proc = real("log", url, "nope")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
 
 
 def test_read_commands_never_create_a_store(tmp_path: Path,
@@ -264,7 +272,7 @@ def test_export_import_between_local_and_s3(moto_server: dict[str, Any], tmp_pat
 def test_aws_endpoint_url_variable(moto_server: dict[str, Any]) -> None:
     url = f"s3://{moto_server['bucket']}/env-{uuid.uuid4().hex[:8]}"
     CheckpointStore.open(url, storage_options=moto_server["storage_options"]).save("t", {"a": 1})
-    env = {**ENV, "AWS_ENDPOINT_URL": moto_server["endpoint"]}
+    env = {"AWS_ENDPOINT_URL": moto_server["endpoint"]}
     out = cli_json("threads", url, env=env)
     assert [r["thread"] for r in out["threads"]] == ["t"]
 
@@ -304,30 +312,11 @@ def test_merge_is_drawn_as_a_graph(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_progress_bar_renders_on_a_terminal(tmp_path: Path) -> None:
     url = str(tmp_path / "p")
     build(CheckpointStore.open(url))
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "cas_checkpoint.cli", "verify", url, "--deep"],
-                            stdout=subprocess.PIPE, stderr=slave, env={**ENV, "TERM": "xterm"})
-    os.close(slave)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 30)
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    out, _ = proc.communicate(timeout=60)
-    os.close(master)
-    assert proc.returncode == 0 and b"OK" in out
-    text = seen.decode("utf-8", "replace")
+    code, out, text = run_cli("verify", url, "--deep", terminal=True, env={"TERM": "xterm"})
+    assert code == 0 and "OK" in out
     assert "verify" in text and "objects/s" in text and "eta" in text and "\x1b[" in text
-    quiet = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "verify", url],
-                           capture_output=True, text=True, env=ENV, timeout=60)
-    assert quiet.returncode == 0 and quiet.stderr == ""  # not a terminal: no bar
+    code, out, err = cli("verify", url)
+    assert code == 0 and err == ""  # not a terminal: no bar
 
 
 @pytest.mark.parametrize("kind", ["memory", "local", "s3"])

@@ -1,14 +1,12 @@
 """The command line on LangGraph threads (CasSaver on a local directory): real graphs (a
 tool-calling loop with a scripted model and an ``interrupt()`` before its answer, the same loop
 inside a subgraph), then the commands, checked against what LangGraph itself says
-(``get_state``, ``get_state_history``) before and after. Run in-process; one test goes through
-the real entry point."""
+(``get_state``, ``get_state_history``) before and after. Run in-process (test_cli.py has the
+one test through a real process)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -321,13 +319,11 @@ def test_show_path_reads_every_form_search_prints(tmp_path: Path,
     assert code == 2 and "cannot read the path" in err
 
 
-def test_the_real_entry_point(tmp_path: Path) -> None:
+def test_log_of_the_last_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = str(tmp_path / "s")
     paused(url)
-    proc = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "log", url, "agent-1",
-                           "-n", "2"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "2 shown" in proc.stdout and "writes 1 (interrupt)" in \
-        proc.stdout, proc.stderr
+    code, out, err = run(capsys, "log", url, "agent-1", "-n", "2")
+    assert code == 0 and "2 shown" in out and "writes 1 (interrupt)" in out, err
 
 
 # --- prune's plan, pure ---
@@ -528,7 +524,7 @@ def test_stats_tells_checkpoints_and_pending_writes_apart(
     assert lgt is not None
     cps, writes = len(_lg_ids(graph)), lgt.write_count
     code, out, err = run(capsys, "stats", url)
-    assert code == 0 and f"1 threads, {cps} checkpoints and {writes} pending writes" in out, err
+    assert code == 0 and f"1 thread, {cps} checkpoints and {writes} pending writes" in out, err
     got = run_json(capsys, "stats", url)
     assert (got["checkpoints"], got["pending_writes"]) == (cps, writes)
 
@@ -612,14 +608,14 @@ def test_stand_ins_show_with_their_class_name_and_are_never_imported(
     assert [m["path"] for m in found] == ['["channel_values"]["decision"].note']
     code, out, err = run(capsys, "verify", url, "--deep")
     assert code == 0 and "OK" in out, err
-    # a fresh process where the class's module could be imported: nothing imports it
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), *sys.path])}
+    # as in a fresh process, the class's module could be imported (it is on sys.path and not
+    # loaded: importing it would run it and mark the file): nothing imports it
+    monkeypatch.delitem(sys.modules, "shipping_cas_test")
     for args, shows in ((["show", url, "agent-1"], "<shipping_cas_test.Parcel>"),
                         (["log", url, "agent-1"], "checkpoint_id="),
                         (["diff", url, "agent-1~2", "agent-1"], "<shipping_cas_test.Parcel>"),
                         (["search", url, "widget", "--all-history"], ".sku  blue-widget"),
                         (["show", url, "agent-1", "--types", "langgraph"], "<shipping_cas")):
-        done = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0 and shows in done.stdout, (args, done.stderr)
-    assert not mark.exists()
+        code, out, err = run(capsys, *args)
+        assert code == 0 and shows in out, (args, err)
+    assert not mark.exists() and "shipping_cas_test" not in sys.modules

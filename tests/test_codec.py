@@ -1,4 +1,4 @@
-"""cas_checkpoint.codec: exact round trips, determinism, error paths and hostile bytes."""
+"""cas_checkpoint.format.codec: exact round trips, determinism, error paths and hostile bytes."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import codec, decoding
-from cas_checkpoint.codec import (
+from cas_checkpoint.errors import FormatError, InvalidArgumentError, SerializationError
+from cas_checkpoint.format import codec, decoding
+from cas_checkpoint.format.codec import (
     MAX_EXT_DEPTH,
     Ref,
     Span,
@@ -37,7 +38,6 @@ from cas_checkpoint.codec import (
     encode,
     encode_link,
 )
-from cas_checkpoint.errors import FormatError, InvalidArgumentError, SerializationError
 
 HAS_ORMSGPACK = decoding._accelerator() is not None
 
@@ -280,7 +280,7 @@ def test_sets_are_sorted_and_dict_order_matters() -> None:
 
 def test_same_bytes_in_processes_with_different_hash_seeds() -> None:
     script = textwrap.dedent("""
-        from cas_checkpoint.codec import encode
+        from cas_checkpoint.format.codec import encode
         words = {f"word-{i}" for i in range(200)}
         value = {"s": words, "f": frozenset(words), "nested": {(w, 1) for w in words}}
         print(list(words)[:5], encode(value).hex())
@@ -760,7 +760,7 @@ def test_fuzz_mutations(value: Any, edits: list[tuple[str, int, int]]) -> None:
 
 STACK_SCRIPT = """
 import sys, threading
-from cas_checkpoint.codec import decode, encode, MAX_EXT_DEPTH, _NATIVE_LIMIT, _DEEP_LIMIT
+from cas_checkpoint.format.codec import decode, encode, MAX_EXT_DEPTH, _NATIVE_LIMIT, _DEEP_LIMIT
 from cas_checkpoint.errors import FormatError, SerializationError
 import msgpack
 threading.stack_size(int(sys.argv[1]))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import struct
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import msgpack
 import pytest
+from builders import msg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,15 +22,12 @@ from cas_checkpoint import (
     IntegrityError,
     InvalidArgumentError,
 )
-from cas_checkpoint.marker import MARKER, Settings
-from cas_checkpoint.objects import NODE, ObjectId, object_id, object_kind
-from cas_checkpoint.objstore import parse_pack
-from cas_checkpoint.packfile import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
+from cas_checkpoint.engine.object_store import parse_pack
+from cas_checkpoint.engine.settings import MARKER, Settings
+from cas_checkpoint.format.objects import NODE, ObjectId, object_id, object_kind
+from cas_checkpoint.format.pack import SMALL_BODY, ZSTD, Zstd, decode_pack, encode_pack, open_pack
 
-
-def _msg(i: int) -> dict[str, Any]:
-    return {"role": "user" if i % 2 else "assistant",
-            "content": f"message {i}: the refund policy covers annual plans " * 8}
+_msg = partial(msg, text="the refund policy covers annual plans ", times=9)
 
 
 def _grow(store: CheckpointStore, thread: str, n: int) -> dict[str, Any]:

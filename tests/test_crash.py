@@ -20,9 +20,9 @@ from conftest import open_store
 
 from cas_checkpoint import CheckpointStore, StorageError
 from cas_checkpoint.backends import Backend
-from cas_checkpoint.objstore import key_pack_id, pack_key, parse_pack
-from cas_checkpoint.refs import thread_key
-from cas_checkpoint.repack import reachable
+from cas_checkpoint.engine.object_store import key_pack_id, pack_key, parse_pack
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.maintenance.repack import reachable
 
 KILLS = soak(15, 200)
 

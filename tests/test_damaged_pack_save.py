@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine.object_store import pack_key
 from cas_checkpoint.errors import CasError, IntegrityError, NotFoundError
-from cas_checkpoint.objstore import pack_key
 
 
 def _big(i: int) -> dict[str, Any]:

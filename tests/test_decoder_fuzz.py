@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cas_checkpoint import decoding
+from cas_checkpoint.format import decoding
 
 EXAMPLES = int(os.environ.get("CAS_FUZZ_EXAMPLES", "300"))
 MEMORY_LIMIT = 1 << 30  # bytes of address space for the fuzzing process
@@ -22,16 +22,20 @@ import os, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
 import msgpack
 from hypothesis import HealthCheck, given, settings, strategies as st
-from cas_checkpoint import CasError, codec, decoding, join, tree
+from cas_checkpoint import CasError
+from cas_checkpoint.format import codec, decoding
+from cas_checkpoint.tree import load as join, build as tree
 if sys.argv[3] == "msgpack":
     decoding.FAST_UNPACKB = None
 else:  # ormsgpack tried first on inputs of any size (decoding.py)
     assert decoding.FAST_UNPACKB is not None
     decoding.FAST_MIN = 0
-from cas_checkpoint.objects import LogEntry, Record, Segment, decode_node, encode_node, object_id
-from cas_checkpoint.heads import Head, PackRef, Peak
-from cas_checkpoint.packfile import decode_pack, encode_pack
-from cas_checkpoint.objstore import parse_pack
+from cas_checkpoint.format.objects import (
+    LogEntry, Record, Segment, decode_node, encode_node, object_id,
+)
+from cas_checkpoint.format.heads import Head, PackRef, Peak
+from cas_checkpoint.format.pack import decode_pack, encode_pack
+from cas_checkpoint.engine.object_store import parse_pack
 
 N = int(sys.argv[1])
 

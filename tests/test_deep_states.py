@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import SerializationError, tree
-from cas_checkpoint.shapes import MAX_NEST
+from cas_checkpoint import SerializationError
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree.shapes import MAX_NEST
 
 PAD = 1100  # every level encodes to over 1 KB on its own (SPLIT_MIN)
 LIMIT = 1023  # lists and dicts around a value, at most (what the codec writes and reads)
@@ -50,7 +51,8 @@ deep = namespace["deep"]
 _SCRIPT = _STATES + """
 import json, os, sys, threading
 from datetime import timedelta
-from cas_checkpoint import CasError, CheckpointStore, codec
+from cas_checkpoint import CasError, CheckpointStore
+from cas_checkpoint.format import codec
 
 def same(a, b):  # (== recurses in C past Python's recursion limit: compare the encodings,
     return codec.encode(a) == codec.encode(b)  # which are deterministic and exact on types)
@@ -190,10 +192,12 @@ def test_a_hostile_chain_past_the_load_depth_limit_is_a_format_error() -> None:
     subprocess: a stack overflow would kill it)."""
     script = """
 import threading
-from cas_checkpoint import FormatError, codec, tree
-from cas_checkpoint.links import Ref
-from cas_checkpoint.objects import node_bytes, object_id
-from cas_checkpoint.shapes import MAX_DEPTH
+from cas_checkpoint import FormatError
+from cas_checkpoint.format import codec
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.format.placeholders import Ref
+from cas_checkpoint.format.objects import node_bytes, object_id
+from cas_checkpoint.tree.shapes import MAX_DEPTH
 VALUE = b"\\x00"
 def chain(n):
     objects = {}

@@ -16,12 +16,13 @@ from conftest import open_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import CasError, CheckpointStore, FormatError, tree
-from cas_checkpoint.diff import Change, Differ, _Counts
-from cas_checkpoint.links import Ref, Span
-from cas_checkpoint.objects import ObjectId, decode_node, encode_node, object_id
-from cas_checkpoint.shapes import COUNTED, DICT, LIST, STR, VALUE
-from cas_checkpoint.walk import Link, Reader, Tally, key_seg, outline, snippet
+from cas_checkpoint import CasError, CheckpointStore, FormatError
+from cas_checkpoint.format.objects import ObjectId, decode_node, encode_node, object_id
+from cas_checkpoint.format.placeholders import Ref, Span
+from cas_checkpoint.query.diff import Change, Differ, _Counts
+from cas_checkpoint.query.walk import Link, Reader, Tally, key_seg, outline, snippet
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree.shapes import COUNTED, DICT, LIST, STR, VALUE
 
 # --- the oracle: a plain-Python diff of two loaded states ---------------------------------------
 
@@ -372,7 +373,7 @@ def _diff_nodes(nodes: dict[str, bytes], a: str, b: str) -> list[Change]:
 
 
 def _link(x: Ref | Span) -> bytes:
-    from cas_checkpoint import codec
+    from cas_checkpoint.format import codec
     return codec.encode_link(x)
 
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import msg, run_cli_proc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,20 +31,17 @@ from cas_checkpoint import (
     copy_threads,
 )
 from cas_checkpoint.aio import AsyncCheckpointStore
-from cas_checkpoint.crypto import BrokenSeal, Keyring, open_sealed_pack, seal_pack
-from cas_checkpoint.heads import Head
-from cas_checkpoint.marker import MARKER
-from cas_checkpoint.objects import NODE, object_id, object_kind
-from cas_checkpoint.objstore import key_pack_id, parse_pack
-from cas_checkpoint.packfile import ENCRYPTED, ZSTD, decode_pack, encode_pack
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.engine.object_store import key_pack_id, parse_pack
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.engine.settings import MARKER
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import NODE, object_id, object_kind
+from cas_checkpoint.format.pack import ENCRYPTED, ZSTD, decode_pack, encode_pack
+from cas_checkpoint.format.sealing import BrokenSeal, Keyring, open_sealed_pack, seal_pack
 
 SECRET_WORDS = ("refund-policy-7731", "Zanzibar", "label-k9", "meta-v42", "tag-q17")
 
-
-def _msg(i: int) -> dict[str, Any]:
-    return {"role": "user" if i % 2 else "assistant",
-            "content": f"message {i}: the refund-policy-7731 covers Zanzibar plans " * 6}
+_msg = partial(msg, text="the refund-policy-7731 covers Zanzibar plans ", times=7)
 
 
 def _grow(store: CheckpointStore, thread: str, n: int, start: int = 0) -> dict[str, Any]:
@@ -424,12 +422,12 @@ def test_encrypted_store_on_s3_hides_ids(make_store: Any, backend_kind: str) -> 
     assert _reopen(store, encryption="keyless").gc(grace=timedelta(seconds=1)).threads == 1
 
 
-ENV = {**os.environ, "COLUMNS": "200"}
+ENV = {"COLUMNS": "200"}
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    """The command line in-process, CAS_KEY set only if ``env`` has it."""
+    return run_cli_proc(*args, env={"CAS_KEY": None, **env})
 
 
 def test_cli_reads_cas_key_and_key_file(tmp_path: Path) -> None:
@@ -449,7 +447,7 @@ def test_cli_reads_cas_key_and_key_file(tmp_path: Path) -> None:
     (tmp_path / "old.key").write_text(old._secret.hex())
     rekeyed = _cli("rekey", url, "--key-file", str(tmp_path / "new.key"), "--key-file",
                    str(tmp_path / "old.key"), env=env)
-    assert rekeyed.returncode == 0 and "rekeyed 1 threads" in rekeyed.stdout, rekeyed.stderr
+    assert rekeyed.returncode == 0 and "rekeyed 1 thread " in rekeyed.stdout, rekeyed.stderr
     log = _cli("log", url, "Zanzibar", "--key-file", str(tmp_path / "new.key"), env=env)
     assert log.returncode == 0 and log.stdout.count("\n") >= 20, log.stderr
     assert CheckpointStore.open(url, encryption=new).load("Zanzibar").state["step"] == 19
@@ -518,8 +516,8 @@ def test_sealing_a_head_lists_the_packs_of_exactly_those_bytes(monkeypatch: Any)
     """A save seals the head it just encoded without decoding it again (its packs are known);
     any other bytes, an older head's or an equal copy, are decoded: the clear pack list of a
     sealed head is always that of the bytes sealed, never of the head encoded last."""
-    from cas_checkpoint import heads
-    from cas_checkpoint.crypto import _clear_part, seal_head
+    from cas_checkpoint.format import heads
+    from cas_checkpoint.format.sealing import _clear_part, seal_head
 
     key = Key.generate()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,9 +15,9 @@ from cas_checkpoint import (
     InvalidArgumentError,
     NotFoundError,
 )
-from cas_checkpoint import gc as gcmod
-from cas_checkpoint.backends import LocalBackend, MemoryBackend, ObjectInfo
-from cas_checkpoint.objstore import key_pack_id
+from cas_checkpoint.backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
+from cas_checkpoint.engine.object_store import key_pack_id
+from cas_checkpoint.maintenance import gc as gcmod
 
 
 def is_s3(store: CheckpointStore) -> bool:
@@ -371,7 +372,7 @@ def test_local_sweep_puts_back_what_a_writer_refreshed(tmp_path: Any) -> None:
     refreshed = infos[0]
     os.utime(os.path.join(store.backend.root, *refreshed.key.split("/")),
              (cutoff + 1, cutoff + 1))  # ...but a writer refreshed this one after the listing
-    deleted = gcmod._sweep_local(store.backend, infos, cutoff, _collector(store))
+    deleted = gcmod._sweep_atomic(store.backend, infos, cutoff, _collector(store))
     assert refreshed not in deleted and len(deleted) == len(infos) - 1
     assert pack_ids(store) & garbage == {key_pack_id(refreshed.key)}
     assert os.listdir(os.path.join(store.backend.root, "gc")) == []  # no trash left
@@ -442,7 +443,7 @@ def test_memory_sweep_checks_under_the_lock(tmp_path: Any) -> None:
     assert isinstance(store.backend, MemoryBackend)
     f = store.backend.fs.store[f"{store.backend.root}/{infos[0].key}"]
     f.modified = datetime.fromtimestamp(cutoff + 1, UTC)  # refreshed after the listing
-    deleted = gcmod._sweep_memory(store.backend, infos, cutoff, _collector(store))
+    deleted = gcmod._sweep_atomic(store.backend, infos, cutoff, _collector(store))
     assert infos[0] not in deleted and len(deleted) == len(infos) - 1
 
 
@@ -460,3 +461,58 @@ def test_s3_sweep_drops_candidates_whose_lastmodified_moved(tmp_path: Any,
     assert moved not in deleted and gone not in deleted and deleted == sorted(
         infos[1:], key=lambda i: i.key)
     assert pack_ids(store) & garbage == {key_pack_id(moved.key)}
+
+
+class _Wrapped(Backend):
+    """A third-party backend (no subclass of ours) over memory://, declaring what it can do."""
+
+    def __init__(self, inner: MemoryBackend, atomic: bool) -> None:
+        self.inner, self.url = inner, inner.url + "#wrapped"
+        self.exact_mtimes = self.atomic_delete = atomic
+        self.calls: list[int] = []
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def put_many(self, items: dict[str, bytes]) -> None:
+        self.inner.put_many(items)
+
+    def read_ref(self, key: str) -> tuple[bytes, str] | None:
+        return self.inner.read_ref(key)
+
+    def write_ref(self, key: str, data: bytes, expected: str | None,
+                  **kw: Any) -> str:
+        return self.inner.write_ref(key, data, expected, **kw)
+
+    def delete_ref(self, key: str, expected: str) -> None:
+        self.inner.delete_ref(key, expected)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def delete_many(self, keys: Iterable[str]) -> list[str]:
+        return self.inner.delete_many(keys)
+
+    def delete_unless_touched(self, infos: list[ObjectInfo], cutoff: float) -> list[bool]:
+        self.calls.append(len(infos))
+        return self.inner.delete_unless_touched(infos, cutoff)
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_gc_asks_the_backend_what_it_can_do_not_its_class(atomic: bool) -> None:
+    """gc takes a grace under a second, and deletes through ``delete_unless_touched``, on any
+    backend that says it can (``exact_mtimes``, ``atomic_delete``), not only on ours; one that
+    does not say so gets the re-listing sweep and the one-second rule."""
+    inner = CheckpointStore.open("memory://gc-caps-" + os.urandom(4).hex()).backend
+    assert isinstance(inner, MemoryBackend)
+    backend = _Wrapped(inner, atomic)
+    store = CheckpointStore.from_backend(backend)
+    infos, garbage = _candidates(store)
+    if not atomic:
+        with pytest.raises(InvalidArgumentError, match="--grace 1s"):
+            store.gc(grace=timedelta(0))
+        report = store.gc(grace=timedelta(0), force=True)
+    else:
+        report = store.gc(grace=timedelta(0))
+    assert report.deleted_objects == len(infos) and not pack_ids(store) & garbage
+    assert backend.calls == ([len(infos)] if atomic else [])

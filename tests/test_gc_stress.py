@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cas_checkpoint import CheckpointStore, NotFoundError
-from cas_checkpoint.objstore import key_pack_id
+from cas_checkpoint.engine.object_store import key_pack_id
 
 SOAK = "full" if FULL else "small"
 

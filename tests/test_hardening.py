@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _faultproxy import FaultProxy
+from builders import options
 
 from cas_checkpoint import (
     CheckpointStore,
@@ -25,9 +26,9 @@ from cas_checkpoint import (
     UnsafeStorageError,
 )
 from cas_checkpoint.backends import local as backend_mod
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import LogEntry
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import LogEntry
 
 
 def _big(n: int, salt: str = "") -> dict[str, Any]:
@@ -223,14 +224,9 @@ def test_a_flipped_byte_in_a_ref_is_an_integrity_error(store: CheckpointStore) -
     pos = data.index(b"before")
     data[pos] ^= 0x20  # "Before": a wrong label, not a decoding error
     store.backend.write_ref(key, bytes(data), got[1])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     with pytest.raises(IntegrityError):
         fresh.history("t")
-
-
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
 
 
 def test_a_huge_ref_is_refused_by_its_size(tmp_path: Any) -> None:
@@ -258,7 +254,7 @@ def test_a_bad_time_in_a_ref_is_a_format_error(store: CheckpointStore, created: 
     got = store.backend.read_ref(key)
     assert got is not None
     store.backend.write_ref(key, head.encode(), got[1])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     with pytest.raises(FormatError, match="created_at"):
         fresh.history("t")
 
@@ -272,7 +268,7 @@ def test_a_head_step_at_the_limit_is_a_format_error(store: CheckpointStore) -> N
     big = Head(head.thread_id, head.head, 2**64 - 1, head.peaks, head.tail, head.packs,
                head.inline, head.lineage)
     store.backend.write_ref(key, big.encode(), got[1])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     with pytest.raises(FormatError, match="head step"):
         fresh.save("t", {"a": 2})
 
@@ -345,7 +341,7 @@ def test_a_link_out_of_the_root_is_never_written_through(tmp_path: Any) -> None:
     os.makedirs(outside)
     store = CheckpointStore.open(root)
     state = _big(300)
-    built = __import__("cas_checkpoint").tree.build(state)
+    built = __import__("cas_checkpoint.tree.build").tree.build.build(state)
     assert built.objects
     os.makedirs(os.path.join(root, "packs"), exist_ok=True)
     for i in range(256):  # every pack folder a link out

@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import (
-    CheckpointStore,
-    FormatError,
-    IntegrityError,
-    InvalidArgumentError,
-    Key,
-    untrusted,
+from cas_checkpoint import CheckpointStore, FormatError, IntegrityError, InvalidArgumentError, Key
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format import untrusted
+from cas_checkpoint.format.sealing import (
+    DamagedKeyId,
+    Keyring,
+    open_sealed_pack,
+    seal_head,
+    seal_pack,
 )
-from cas_checkpoint.bundle import MAGIC
-from cas_checkpoint.crypto import DamagedKeyId, Keyring, open_sealed_pack, seal_head, seal_pack
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.transfer.bundle import MAGIC
 
 ROOT = Path(__file__).resolve().parent.parent
 KID_REF, KID_PACK = 5, 6  # where the 8-byte clear key id starts in a sealed ref / pack
@@ -154,7 +154,7 @@ _HOSTILE = r"""
 import io, resource, struct, sys
 import msgpack
 from cas_checkpoint import CheckpointStore, FormatError
-from cas_checkpoint.bundle import MAGIC, VERSION
+from cas_checkpoint.transfer.bundle import MAGIC, VERSION
 
 shape, size, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 store = CheckpointStore.open(root)

@@ -26,10 +26,10 @@ from cas_checkpoint import (
     InvalidArgumentError,
     SerializationError,
 )
-from cas_checkpoint import refs as refs_mod
 from cas_checkpoint.agents import Recorder
 from cas_checkpoint.agents.tools import dispatch
-from cas_checkpoint.objects import (
+from cas_checkpoint.engine import refs as refs_mod
+from cas_checkpoint.format.objects import (
     MAX_LABEL,
     MAX_META_BYTES,
     MAX_META_DEPTH,

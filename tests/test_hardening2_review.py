@@ -14,8 +14,8 @@ import pytest
 
 import cas_checkpoint
 from cas_checkpoint import CheckpointStore, FormatError
-from cas_checkpoint import model as model_mod
-from cas_checkpoint.objects import MAX_META_DEPTH, LogEntry
+from cas_checkpoint.engine import model as model_mod
+from cas_checkpoint.format.objects import MAX_META_DEPTH, LogEntry
 
 ROOT = str(Path(cas_checkpoint.__file__).resolve().parent.parent)
 
@@ -78,7 +78,8 @@ def test_a_head_with_hostile_deep_metadata_is_a_cas_error_for_load_and_verify(
 
 
 def test_a_record_at_every_bound_is_within_what_a_reader_reads() -> None:
-    from cas_checkpoint.objects import (
+    from cas_checkpoint.engine.refs import MAX_THREAD_ID_BYTES
+    from cas_checkpoint.format.objects import (
         MAX_LABEL,
         MAX_META_BYTES,
         MAX_PARENTS,
@@ -90,7 +91,6 @@ def test_a_record_at_every_bound_is_within_what_a_reader_reads() -> None:
         ObjectId,
         Record,
     )
-    from cas_checkpoint.refs import MAX_THREAD_ID_BYTES
 
     wide = "\U0001d11e"  # four bytes of UTF-8
     record = Record(wide * (MAX_THREAD_ID_BYTES // 4),
@@ -108,7 +108,7 @@ def test_a_hostile_record_is_refused_by_its_size_before_it_is_decoded() -> None:
     record of 4 MB of empty maps grew the reader by ~256 MB before its FormatError."""
     import tracemalloc
 
-    from cas_checkpoint.objects import _HEADERS, RECORD, Record
+    from cas_checkpoint.format.objects import _HEADERS, RECORD, Record
 
     body = b"\xdd" + (1 << 22).to_bytes(4, "big") + b"\x80" * (1 << 22)  # 4M empty maps
     data = _HEADERS[RECORD] + body

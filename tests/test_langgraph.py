@@ -895,7 +895,8 @@ def test_storage_with_zstd_meets_the_3x_target(tmp_path: Path) -> None:
     after_gc = store.storage_bytes()
     head = saver._run(saver._core.load(biggest.thread_id, biggest.id)).state
     packed_final = len(zstandard.ZstdCompressor(level=3).compress(
-        __import__("cas_checkpoint").codec.encode(head, types=saver._core.types)))
+        __import__("cas_checkpoint.format.codec").format.codec.encode(
+            head, types=saver._core.types)))
     print(f"\nzstd: {after_gc} bytes after gc for a final state of {final} bytes "
           f"({after_gc / final:.2f}x; {after_gc / packed_final:.2f}x the final state compressed "
           f"alone, {packed_final} bytes)")

@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import functools
 import os
-import random
 import time
 from typing import Any
 
 import pytest
+from builders import options, random_msg
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from cas_checkpoint import CheckpointStore, FormatError, packing
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.packfile import decode_pack, encode_pack
-from cas_checkpoint.refs import thread_key
-
-
-def _msg(i: int) -> dict[str, Any]:
-    rng = random.Random(i)
-    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
-            "id": i}
-
-
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
-
+from cas_checkpoint import CheckpointStore, FormatError
+from cas_checkpoint.engine import staging
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
+from cas_checkpoint.format.pack import decode_pack, encode_pack
 
 # --- packing.stage, pure ----------------------------------------------------------------------
 
@@ -45,10 +34,10 @@ def _objs(n: int, size: int, seed: int) -> dict[ObjectId, bytes]:
 def test_stage_keeps_few_objects_inline_then_flushes_one_pack() -> None:
     head = Head("t", None)
     small = _objs(3, 100, 1)
-    staged, packs = packing.stage(head, small, lambda ids: {}, inline_max=1000)
+    staged, packs = staging.stage(head, small, lambda ids: {}, inline_max=1000)
     assert packs == {} and len(staged.inline) == 3 and staged.packs == ()
     more = _objs(10, 100, 2)
-    staged, packs = packing.stage(staged, more, lambda ids: {}, inline_max=1000)
+    staged, packs = staging.stage(staged, more, lambda ids: {}, inline_max=1000)
     assert staged.inline == () and len(staged.packs) == 1 and list(packs) == [staged.packs[0].id]
     inside = decode_pack(packs[staged.packs[0].id])
     assert set(inside) == set(small) | set(more)  # every object went into the pack
@@ -66,9 +55,9 @@ def test_stage_merges_four_packs_of_a_level_and_caps_the_count() -> None:
     for n in range(200):
         new = _objs(4, 300, n)
         every |= set(new)
-        head, packs = packing.stage(head, new, read, inline_max=1000)
+        head, packs = staging.stage(head, new, read, inline_max=1000)
         store.update(packs)
-        assert len(head.packs) <= packing.MAX_PACKS
+        assert len(head.packs) <= staging.MAX_PACKS
         levels = [p.level for p in head.packs]
         # no run of MERGE_FACTOR packs of one level is left at the end
         assert not (len(levels) >= 4 and len(set(levels[-4:])) == 1)
@@ -89,9 +78,9 @@ def test_stage_reads_a_pack_only_when_it_merges_it() -> None:
         asked.append(ids)
         return {i: decode_pack(data) for i in ids}
 
-    packing.stage(head, _objs(2, 50, 1), read, inline_max=10_000)
+    staging.stage(head, _objs(2, 50, 1), read, inline_max=10_000)
     assert asked == []  # stays inline: nothing read
-    staged, packs = packing.stage(head, _objs(30, 500, 2), read, inline_max=1000)
+    staged, packs = staging.stage(head, _objs(30, 500, 2), read, inline_max=1000)
     assert asked == [[old.id, old.id, old.id]] or sorted(asked[0]) == [old.id] * 3
     assert len(staged.packs) == 1 and staged.packs[0].level == 1 and len(packs) == 1
 
@@ -101,7 +90,7 @@ def test_stage_reads_a_pack_only_when_it_merges_it() -> None:
 
 def test_steady_saves_write_the_ref_and_now_and_then_one_pack(store: CheckpointStore,
                                                               monkeypatch: Any) -> None:
-    state: dict[str, Any] = {"messages": [_msg(i) for i in range(50)]}
+    state: dict[str, Any] = {"messages": [random_msg(i) for i in range(50)]}
     store.save("t", state)
     writes: list[list[str]] = []
     real = store.backend.put_many
@@ -113,12 +102,12 @@ def test_steady_saves_write_the_ref_and_now_and_then_one_pack(store: CheckpointS
     monkeypatch.setattr(store.backend, "put_many", put)
     n = 60 if not store.url.startswith("s3") else 25
     for i in range(n):
-        state["messages"].append(_msg(100 + i))
+        state["messages"].append(random_msg(100 + i))
         store.save("t", state)
     assert all(len(w) <= 1 for w in writes)  # at most one pack a save (merges included)
     # a save adds ~600 bytes (a message, its record, index nodes): a pack every few saves
     assert 0 < len(writes) <= n // 4, (len(writes), n)
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     assert fresh.load("t").state == state
 
 
@@ -128,10 +117,10 @@ def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
     state: dict[str, Any] = {"messages": []}
     ids = []
     for i in range(400):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         ids.append(store.save("t", state).id)
     ref = store.refs.read("t")
-    assert ref is not None and 1 < len(ref.head.packs) <= packing.MAX_PACKS
+    assert ref is not None and 1 < len(ref.head.packs) <= staging.MAX_PACKS
     fresh = CheckpointStore.open(str(tmp_path / "s"))
     for k in (0, 1, 199, 398, 399):  # old checkpoints stay loadable through every merge
         assert fresh.load("t", ids[k]).state == {"messages": state["messages"][:k + 1]}
@@ -139,9 +128,9 @@ def test_many_saves_keep_the_pack_count_bounded(tmp_path: Any) -> None:
 
 def test_cache_dir_serves_packs_to_a_new_store(store: CheckpointStore, tmp_path: Any,
                                                monkeypatch: Any) -> None:
-    state: dict[str, Any] = {"messages": [_msg(i) for i in range(120)]}
+    state: dict[str, Any] = {"messages": [random_msg(i) for i in range(120)]}
     store.save("t", state)
-    opts = _options(store)
+    opts = options(store)
     cache = tmp_path / "cache"
     first = CheckpointStore.open(store.url, storage_options=opts, cache_dir=cache)
     assert first.load("t").state == state
@@ -177,7 +166,7 @@ def test_a_store_of_format_2_is_refused_naming_its_version(store: CheckpointStor
     assert got is not None
     old = got[0][:4] + b"\x02" + got[0][5:]  # what cas_checkpoint 0.1 (format 2) wrote
     store.backend.write_ref(key, old, got[1])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     with pytest.raises(FormatError, match="format version 2.*older cas_checkpoint"):
         fresh.load("t")
 
@@ -190,7 +179,7 @@ def test_thread_ids_of_any_length_have_bounded_keys(store: CheckpointStore) -> N
     store.save(long_id, {"a": 1})
     store.save("short", {"b": 2})
     assert store.threads() == sorted([long_id, "short"])
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     assert fresh.load(long_id).state == {"a": 1}
 
 
@@ -201,7 +190,7 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     store.refs.inline_max = 2000
     state: dict[str, Any] = {"messages": []}
     for i in range(80):
-        state["messages"] = [_msg(i * 1000 + j) for j in range(5)]  # nothing shared
+        state["messages"] = [random_msg(i * 1000 + j) for j in range(5)]  # nothing shared
         store.save("t", state, label="keep" if i == 3 else None)
     store.fork("t", store.history("t")[40].id, "f")  # the fork keeps naming the old packs
     store.prune("t", keep_last=5)
@@ -217,7 +206,7 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert only.repacked and only.bytes_after < only.bytes_before / 5
     ref = store.refs.read("t")
     assert ref is not None and len(ref.head.packs) == 1 and ref.head.lineage != lineage
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     for cid, st in kept.items():
         assert fresh.load("t", cid).state == st
     before = fresh.storage_bytes()
@@ -227,9 +216,9 @@ def test_repack_frees_what_prune_dropped_and_keeps_every_checkpoint(
     assert fresh.storage_bytes() < before
     assert fresh.load("f").state["messages"][0]["id"] == 39_000  # the fork is intact
     # a store that saw the old lineage still writes every node its next save needs
-    state["messages"].append(_msg(999_999))
+    state["messages"].append(random_msg(999_999))
     store.save("t", state)
-    assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
+    assert CheckpointStore.open(store.url, storage_options=options(store)).load(
         "t").state == state
     assert store.repack("t").threads[0].repacked is False  # nothing left to free
 
@@ -251,8 +240,8 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
     """Pack indexes name objects by a 4-byte id prefix: an object found in one pack must not be
     hidden by another pack holding a different object of the same prefix; a pack that names
     an object by its prefix with other bytes (and nothing else has it) is an IntegrityError."""
+    from cas_checkpoint.engine.object_store import View, parse_pack
     from cas_checkpoint.errors import IntegrityError
-    from cas_checkpoint.objstore import View, parse_pack
 
     (a, da), (b, db) = _prefix_collision()
     pa, pb = encode_pack({ObjectId(a): da}), encode_pack({ObjectId(b): db})
@@ -266,7 +255,7 @@ def test_a_chance_prefix_collision_between_packs_is_not_an_error(tmp_path: Any) 
 
 
 def test_only_hex_hashed_keys_name_long_threads() -> None:
-    from cas_checkpoint.refs import is_hashed_key, is_thread_key
+    from cas_checkpoint.engine.refs import is_hashed_key, is_thread_key
 
     good = thread_key("x" * 200)
     assert is_hashed_key(good) and is_thread_key(good)
@@ -282,7 +271,7 @@ def test_a_short_thread_key_is_the_base32_of_its_id(thread_id: str) -> None:
     always did (lower case, no padding), and the key reads back as the id."""
     import base64
 
-    from cas_checkpoint.refs import SHORT_KEY_BYTES, thread_from_key
+    from cas_checkpoint.engine.refs import SHORT_KEY_BYTES, thread_from_key
 
     raw = thread_id.encode("utf-8")  # (hypothesis's text has no lone surrogates)
     if len(raw) > SHORT_KEY_BYTES:
@@ -296,9 +285,9 @@ def test_a_prefix_collision_inside_one_pack_finds_both_objects() -> None:
     """Two objects of one pack whose ids share their 4-byte prefix: the index keeps both
     locations, each object is found by its own id; a pack whose index files more than
     ``MAX_SAME_PREFIX`` objects under one prefix is refused before anything is hashed."""
+    from cas_checkpoint.engine.object_store import parse_pack
     from cas_checkpoint.errors import FormatError
-    from cas_checkpoint.objstore import parse_pack
-    from cas_checkpoint.packfile import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
+    from cas_checkpoint.format.pack import MAX_SAME_PREFIX, PACK_PREFIX, open_pack, pack_prefix
 
     (a, da), (b, db) = _prefix_collision()
     others = {object_id(d): d for d in (b"CASN\x03\x00\x00x", b"CASN\x03\x00\x00y")}

@@ -192,7 +192,7 @@ def test_a_class_outside_the_schemas_is_stored_as_data(url: str) -> None:
 def test_a_stored_class_name_is_never_imported(url: str) -> None:
     import sys
 
-    from cas_checkpoint.extypes import ObjectData
+    from cas_checkpoint.format.extypes import ObjectData
 
     saver = CasSaver.from_url(url)
     cp = empty_checkpoint()

@@ -22,12 +22,13 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from pydantic import BaseModel
 
-from cas_checkpoint import codec, tree
 from cas_checkpoint.errors import SerializationError
+from cas_checkpoint.format import codec
 from cas_checkpoint.integrations.langgraph import CasSaver
 from cas_checkpoint.integrations.langgraph import encode as encode_mod
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
 from cas_checkpoint.integrations.langgraph.registry import saver_registry
+from cas_checkpoint.tree import build as tree
 
 # --- a real tool-calling loop -----------------------------------------------------------------
 

@@ -23,11 +23,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import _messages_delta_reducer, add_messages
 from langgraph.types import Send
 
-from cas_checkpoint.core import Core
-from cas_checkpoint.heads import Head
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.refs import RefStore
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import LogEntry, Segment
 from cas_checkpoint.integrations.langgraph import CasSaver
-from cas_checkpoint.objects import LogEntry, Segment
-from cas_checkpoint.refs import RefStore
 
 
 class Reads:

@@ -11,8 +11,8 @@ import pytest
 
 import cas_checkpoint.backends.local as local
 from cas_checkpoint import CheckpointStore, FormatError, IntegrityError
-from cas_checkpoint.backends import slots
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.backends import ref_slots
+from cas_checkpoint.engine.refs import thread_key
 
 
 def _path(store: CheckpointStore, thread: str) -> str:
@@ -57,11 +57,11 @@ def test_a_ref_at_rest_has_one_valid_slot_and_slots_alternate(tmp_path: Path) ->
     for i in range(4):
         store.save("t", {"a": i})
         data = Path(_path(store, "t")).read_bytes()
-        live = slots.live(data)
+        live = ref_slots.live(data)
         assert live is not None
         seen.append(live.index)
-        other = data[(1 - live.index) * live.slot:][:slots.HEADER]
-        assert other[slots.CHECKSUM_AT:slots.NEXT_AT] == bytes(32)  # retired
+        other = data[(1 - live.index) * live.slot:][:ref_slots.HEADER]
+        assert other[ref_slots.CHECKSUM_AT:ref_slots.NEXT_AT] == bytes(32)  # retired
     assert seen == [0, 1, 0, 1]
 
 
@@ -76,7 +76,7 @@ def test_a_one_piece_ref_of_an_older_version_is_read_and_converted(tmp_path: Pat
     assert fresh.load("t").state == {"a": 1}
     assert fresh.backend.read_ref(thread_key("t")) == got  # the same version token
     fresh.save("t", {"a": 2})
-    assert slots.is_slotted(Path(path).read_bytes())
+    assert ref_slots.is_slotted(Path(path).read_bytes())
     assert [h.step for h in CheckpointStore.open(store.url).history("t")] == [1, 0]
 
 
@@ -86,9 +86,9 @@ def test_a_torn_free_slot_is_never_read_and_is_overwritten(tmp_path: Path) -> No
     first = store.save("t", {"a": 1})
     path = _path(store, "t")
     data = bytearray(Path(path).read_bytes())
-    live = slots.live(bytes(data))
+    live = ref_slots.live(bytes(data))
     assert live is not None
-    torn = slots.encode_slot(live.seq + 1, b"CASH" + os.urandom(500))[:300]  # a part of one
+    torn = ref_slots.encode_slot(live.seq + 1, b"CASH" + os.urandom(500))[:300]  # a part of one
     at = (1 - live.index) * live.slot
     data[at:at + len(torn)] = torn
     Path(path).write_bytes(bytes(data))
@@ -104,7 +104,7 @@ def test_a_higher_seq_wins_when_the_retire_was_lost(tmp_path: Path) -> None:
     old = Path(_path(store, "t")).read_bytes()
     second = store.save("t", {"a": 2})
     data = bytearray(Path(_path(store, "t")).read_bytes())
-    live = slots.live(bytes(data))
+    live = ref_slots.live(bytes(data))
     assert live is not None
     stale = 1 - live.index
     data[stale * live.slot:(stale + 1) * live.slot] = old[:live.slot]  # un-retired
@@ -118,9 +118,9 @@ def test_a_damaged_slotted_ref_is_an_error_not_an_older_head(tmp_path: Path) -> 
     store.save("t", {"a": 2})
     path = _path(store, "t")
     data = bytearray(Path(path).read_bytes())
-    live = slots.live(bytes(data))
+    live = ref_slots.live(bytes(data))
     assert live is not None
-    data[live.index * live.slot + slots.HEADER + 10] ^= 1
+    data[live.index * live.slot + ref_slots.HEADER + 10] ^= 1
     Path(path).write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="both slots"):
         CheckpointStore.open(store.url).load("t")
@@ -149,24 +149,24 @@ def test_a_head_that_outgrows_its_slot_is_written_whole(tmp_path: Path,
 
 def test_slots_unit() -> None:
     head = b"CASH" + bytes(range(256)) * 3
-    data = slots.new_file(7, head)
-    assert len(data) % (2 * slots.BLOCK) == 0 and slots.is_slotted(data)
-    live = slots.live(data)
+    data = ref_slots.new_file(7, head)
+    assert len(data) % (2 * ref_slots.BLOCK) == 0 and ref_slots.is_slotted(data)
+    live = ref_slots.live(data)
     assert live is not None and (live.index, live.seq, live.head) == (0, 7, head)
-    assert slots.live(bytes(len(data))) is None
+    assert ref_slots.live(bytes(len(data))) is None
     with pytest.raises(ValueError):
-        slots.live(data[:-1])
+        ref_slots.live(data[:-1])
     broken: Any = bytearray(data)
-    broken[slots.CHECKSUM_AT + 31] ^= 1  # the checksum
-    assert slots.live(bytes(broken)) is None
-    assert not slots.fits(slots.BLOCK, slots.BLOCK)
-    assert slots.fits(slots.BLOCK, 100) and not slots.fits(64 * slots.BLOCK, 100)
+    broken[ref_slots.CHECKSUM_AT + 31] ^= 1  # the checksum
+    assert ref_slots.live(bytes(broken)) is None
+    assert not ref_slots.fits(ref_slots.BLOCK, ref_slots.BLOCK)
+    assert ref_slots.fits(ref_slots.BLOCK, 100) and not ref_slots.fits(64 * ref_slots.BLOCK, 100)
 
 
 def test_the_head_a_save_remembers_is_the_one_a_read_decodes(tmp_path: Path) -> None:
     """A save keeps the head it wrote as the decoded form of the bytes it wrote (a load that
     follows does not decode them again): it must be exactly what decoding them gives."""
-    from cas_checkpoint.heads import Head
+    from cas_checkpoint.format.heads import Head
 
     store = CheckpointStore.open(str(tmp_path / "s"))
     key = thread_key("t")
@@ -244,8 +244,8 @@ def test_reading_back_a_ref_this_object_wrote_hashes_nothing_but_checks_its_byte
     backend, key = store.backend, thread_key("t")
     assert isinstance(backend, local.LocalBackend)
     hashed: list[int] = []
-    real_checksum, real_version = slots._checksum, base._version
-    monkeypatch.setattr(slots, "_checksum", lambda seq, head: hashed.append(1)
+    real_checksum, real_version = ref_slots._checksum, base._version
+    monkeypatch.setattr(ref_slots, "_checksum", lambda seq, head: hashed.append(1)
                         or real_checksum(seq, head))
     monkeypatch.setattr(local, "_version", lambda data: hashed.append(2) or real_version(data))
     for i in range(12):  # a new file, then slots in turn, then a bigger file
@@ -258,9 +258,9 @@ def test_reading_back_a_ref_this_object_wrote_hashes_nothing_but_checks_its_byte
         assert other == got and hashed.count(1) == 1 and hashed.count(2) == 1
     path = _path(store, "t")
     data = bytearray(Path(path).read_bytes())
-    live = slots.live(bytes(data))
+    live = ref_slots.live(bytes(data))
     assert live is not None
-    at = live.index * live.slot + slots.HEADER + len(live.head) // 2
+    at = live.index * live.slot + ref_slots.HEADER + len(live.head) // 2
     data[at] ^= 1  # a byte of the live head: no longer what this object wrote
     Path(path).write_bytes(bytes(data))
     with pytest.raises(IntegrityError):

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import blake3
 import pytest
+from builders import run_cli_proc
 
 from cas_checkpoint import CheckpointStore, IntegrityError
-from cas_checkpoint.backends import slots
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.backends import ref_slots
+from cas_checkpoint.engine.refs import thread_key
 
 
 def _path(store: CheckpointStore, thread: str) -> str:
@@ -30,8 +31,8 @@ def _zero(path: str, at: int, n: int = 512) -> None:
         f.write(bytes(n))
 
 
-def _reading(path: str) -> slots.Reading:
-    return slots.read(Path(path).read_bytes())
+def _reading(path: str) -> ref_slots.Reading:
+    return ref_slots.read(Path(path).read_bytes())
 
 
 def test_a_zeroed_first_sector_of_slot_0_reads_slot_1_and_a_save_repairs(
@@ -40,7 +41,7 @@ def test_a_zeroed_first_sector_of_slot_0_reads_slot_1_and_a_save_repairs(
     first = store.save("t", {"a": 1})
     second = store.save("t", {"a": 2})
     path = _path(store, "t")
-    assert slots.live(Path(path).read_bytes()).index == 1  # type: ignore[union-attr]
+    assert ref_slots.live(Path(path).read_bytes()).index == 1  # type: ignore[union-attr]
     _zero(path, 0)  # slot 0's first sector (the retired slot)
     fresh = CheckpointStore.open(store.url)
     assert fresh.head("t") == second.id  # not taken for a ref in one piece
@@ -60,7 +61,7 @@ def _format1_file(seq: int, head: bytes) -> bytes:
     hasher = blake3.blake3(header.pack(b"CASR", 1, seq, len(head), b"")[:17])
     hasher.update(head)
     first = header.pack(b"CASR", 1, seq, len(head), hasher.digest()) + head
-    slot = slots.slot_size(len(head))
+    slot = ref_slots.slot_size(len(head))
     return first + bytes(2 * slot - len(first))
 
 
@@ -124,14 +125,14 @@ def test_a_lost_retire_leaves_two_valid_slots(tmp_path: Path) -> None:
 def test_a_damaged_newest_slot_after_a_lost_retire_is_an_error_not_a_step_back(
         tmp_path: Path, damage: str) -> None:
     store, path, _head = _killed_between_flush_and_retire(tmp_path)
-    live = slots.live(Path(path).read_bytes())
+    live = ref_slots.live(Path(path).read_bytes())
     assert live is not None
     at = live.index * live.slot
     if damage == "flipped_byte":
         with open(path, "r+b") as f:
-            f.seek(at + slots.HEADER + 5)
+            f.seek(at + ref_slots.HEADER + 5)
             byte = f.read(1)
-            f.seek(at + slots.HEADER + 5)
+            f.seek(at + ref_slots.HEADER + 5)
             f.write(bytes([byte[0] ^ 1]))
     else:
         _zero(path, at)
@@ -158,9 +159,9 @@ def test_a_torn_newer_slot_without_a_successor_mark_still_reads_the_older_head(
     second = store.save("t", {"a": 2})
     path = _path(store, "t")
     data = bytearray(Path(path).read_bytes())
-    live = slots.live(bytes(data))
+    live = ref_slots.live(bytes(data))
     assert live is not None
-    torn = slots.encode_slot(live.seq + 1, b"CASH" + os.urandom(500))[:300]
+    torn = ref_slots.encode_slot(live.seq + 1, b"CASH" + os.urandom(500))[:300]
     at = (1 - live.index) * live.slot
     data[at:at + len(torn)] = torn
     Path(path).write_bytes(bytes(data))
@@ -210,15 +211,14 @@ def test_verify_notes_two_valid_slots(tmp_path: Path) -> None:
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", *argv],
-                          capture_output=True, text=True, env={**os.environ})
+    return run_cli_proc(*argv)
 
 
 def test_an_unreadable_ref_stops_gc_naming_the_thread_and_repair_ref_is_the_way_forward(
         tmp_path: Path) -> None:
     store, path, head = _killed_between_flush_and_retire(tmp_path)
     store.save("other", {"b": 1})
-    live = slots.live(Path(path).read_bytes())
+    live = ref_slots.live(Path(path).read_bytes())
     assert live is not None
     _zero(path, live.index * live.slot)  # the newest slot: reads must raise
     with pytest.raises(IntegrityError) as caught:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, archive, packing
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.packfile import decode_pack
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import archive, staging
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
+from cas_checkpoint.format.pack import decode_pack
 
 
 def _objects(save: int) -> dict[ObjectId, bytes]:
@@ -37,11 +38,11 @@ def _grow(saves: int, marks: tuple[int, ...], keep: dict[ObjectId, bytes] | None
     head, total, worst, means = Head("t", None), 0, 0, {}
     new_bytes = sum(map(len, _objects(0).values()))
     for n in range(1, saves + 1):
-        head, packs = packing.stage(head, _objects(n), read, inline_max=0)
+        head, packs = staging.stage(head, _objects(n), read, inline_max=0)
         store.update(packs)
         wrote = sum(map(len, packs.values()))
         total, worst = total + wrote, max(worst, wrote)
-        assert len(head.packs) <= packing.MAX_PACKS
+        assert len(head.packs) <= staging.MAX_PACKS
         if n in marks:
             means[n] = total / n
         if n > 1000 and total / n > 40 * new_bytes:
@@ -61,7 +62,7 @@ def test_bytes_written_a_save_stay_flat_once_the_head_is_full() -> None:
     assert means[8000] <= 1.5 * means[1000], means
     assert means[8000] <= 10 * new_bytes, (means, new_bytes)
     assert worst <= 8000 * new_bytes * 1.2  # one merge of the whole thread at most
-    assert len(head.packs) <= packing.MAX_PACKS
+    assert len(head.packs) <= staging.MAX_PACKS
 
 
 def test_early_merges_keep_every_object_and_rewrite_small_packs() -> None:
@@ -93,17 +94,17 @@ def test_a_head_an_older_version_left_with_its_biggest_pack_last_recovers() -> N
     for i, level in enumerate(levels + [63]):
         objs = {oid: d for n in range(i * 1000, i * 1000 + (3000 if level == 63 else 2))
                 for oid, d in _objects(n).items()}
-        ref, data = packing.make_pack(objs, level)
+        ref, data = staging.make_pack(objs, level)
         store[ref.id] = data
         packs.append(ref)
     head = Head("t", None, packs=tuple(packs))
     big = packs[-1]
     rewrote_big = 0
     for n in range(100):
-        head, written = packing.stage(head, _objects(10**6 + n), read, inline_max=0)
+        head, written = staging.stage(head, _objects(10**6 + n), read, inline_max=0)
         store.update(written)
         rewrote_big += any(len(d) >= big.size for d in written.values())
-        assert len(head.packs) <= packing.MAX_PACKS
+        assert len(head.packs) <= staging.MAX_PACKS
     assert big in head.packs and rewrote_big == 0
 
 
@@ -112,8 +113,8 @@ def test_a_store_whose_every_save_flushes_loads_every_checkpoint(tmp_path: Any,
                                                                  saves: int) -> None:
     """Through the store, with a small head (every save flushes) and MAX_PACKS lowered so the
     early merge runs all the time: every checkpoint loads from packs in a new process."""
-    old = packing.MAX_PACKS
-    packing.MAX_PACKS = 5
+    old = staging.MAX_PACKS
+    staging.MAX_PACKS = 5
     try:
         store = CheckpointStore.open(str(tmp_path / "s"))
         store.refs.inline_max = 1
@@ -123,4 +124,4 @@ def test_a_store_whose_every_save_flushes_loads_every_checkpoint(tmp_path: Any,
         ref = fresh.refs.read("t")
         assert ref is not None and len(ref.head.packs) <= 5
     finally:
-        packing.MAX_PACKS = old
+        staging.MAX_PACKS = old

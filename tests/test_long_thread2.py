@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from conftest import open_store
 
-from cas_checkpoint import CheckpointStore, archive, packing
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import archive
+from cas_checkpoint.engine import staging as packing
+from cas_checkpoint.engine.object_store import pack_key
 from cas_checkpoint.errors import FormatError
-from cas_checkpoint.heads import Head, PackRef
-from cas_checkpoint.objects import ObjectId, object_id
-from cas_checkpoint.objstore import pack_key
-from cas_checkpoint.packfile import decode_pack
+from cas_checkpoint.format.heads import Head, PackRef
+from cas_checkpoint.format.objects import ObjectId, object_id
+from cas_checkpoint.format.pack import decode_pack
 
 
 def _objects(save: int) -> dict[ObjectId, bytes]:

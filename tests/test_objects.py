@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from cas_checkpoint.errors import FormatError
-from cas_checkpoint.heads import Head, Peak
-from cas_checkpoint.objects import (
+from cas_checkpoint.format.heads import Head, Peak
+from cas_checkpoint.format.objects import (
     INLINE_ROOT_MAX,
     CheckpointId,
     LogEntry,
@@ -84,7 +84,7 @@ def test_head_bytes_are_those_of_one_packb_call(entries: int, packs: int) -> Non
     """Head.encode packs its log tail and pack list once per entry and pack, and joins the
     parts: the bytes are exactly those of packing the whole map at once (the format), also for
     tails and pack lists longer than any head holds (16- and 32-bit array headers)."""
-    from cas_checkpoint.heads import PackRef
+    from cas_checkpoint.format.heads import PackRef
 
     def whole(head: Head) -> bytes:
         body = msgpack.packb({

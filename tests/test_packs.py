@@ -14,21 +14,17 @@ from typing import Any
 import pydantic
 import pytest
 from _hostile import plant_lying_pack
+from builders import options
 from conftest import open_store
 from test_codec import EXAMPLES, REG, Color, Frozen, Level, Point, same
 
-from cas_checkpoint import (
-    CheckpointStore,
-    IntegrityError,
-    InvalidArgumentError,
-    NotFoundError,
-    packing,
-)
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objects import NODE, RECORD, SEGMENT, Record, object_id, object_kind
-from cas_checkpoint.objstore import key_pack_id, pack_key
-from cas_checkpoint.packfile import read_pack_index
-from cas_checkpoint.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
+from cas_checkpoint import CheckpointStore, IntegrityError, InvalidArgumentError, NotFoundError
+from cas_checkpoint.engine import staging
+from cas_checkpoint.engine.object_store import key_pack_id, pack_key
+from cas_checkpoint.engine.refs import MAX_THREAD_ID_BYTES, SHORT_KEY_BYTES, thread_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import NODE, RECORD, SEGMENT, Record, object_id, object_kind
+from cas_checkpoint.format.pack import read_pack_index
 
 
 class Inner(pydantic.BaseModel):
@@ -46,14 +42,9 @@ TYPES = [Point, Frozen, Color, Level, Inner, Outer]
 assert {Point, Frozen, Color, Level} <= set(TYPES) and REG is not None
 
 
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    return dict(fs.storage_options) if fs is not None and store.url.startswith("s3") else None
-
-
 def reopen(store: CheckpointStore, **kw: Any) -> CheckpointStore:
     """A new store object on the same storage: empty caches, nothing known."""
-    return CheckpointStore.open(store.url, storage_options=_options(store), **kw)
+    return CheckpointStore.open(store.url, storage_options=options(store), **kw)
 
 
 def head_of(store: CheckpointStore, thread: str) -> Head:
@@ -114,7 +105,7 @@ def test_every_value_type_roundtrips_through_packs_and_merges(
     extra = store.save("zoo-fork", zoo_state(1000)).id
     head = head_of(store, "zoo")
     assert any(p.level > 0 for p in head.packs), [p.level for p in head.packs]  # merged
-    assert 1 < len(head.packs) <= packing.MAX_PACKS
+    assert 1 < len(head.packs) <= staging.MAX_PACKS
     assert sum(map(len, head.inline)) <= store.refs.inline_max
 
     fresh = reopen(store, types=TYPES)  # nothing cached: everything comes out of packs
@@ -139,7 +130,7 @@ def test_no_object_is_lost_across_thousands_of_merges(tmp_path: Any) -> None:
     ids = [store.save("t", {"i": i, "msg": f"m{i} " * 50}).id for i in range(300)]
     head = head_of(store, "t")
     assert max(p.level for p in head.packs) >= 3 and head.inline == ()
-    assert len(head.packs) <= packing.MAX_PACKS
+    assert len(head.packs) <= staging.MAX_PACKS
     fresh = reopen(store)
     assert [fresh.load("t", c).state["i"] for c in ids] == list(range(300))
     held = set()
@@ -386,15 +377,15 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     LangGraph's background writes racing its saves)."""
     import threading
 
-    from cas_checkpoint import objstore
-    from cas_checkpoint.objects import object_id
-    from cas_checkpoint.packfile import encode_pack
+    from cas_checkpoint.engine import object_store
+    from cas_checkpoint.format.objects import object_id
+    from cas_checkpoint.format.pack import encode_pack
 
     objs = {object_id(b"x" * i): b"x" * i for i in range(1, 40)}
     data = encode_pack(objs)  # type: ignore[arg-type]
-    pack = objstore.parse_pack(object_id(data), data)
+    pack = object_store.parse_pack(object_id(data), data)
     started, release = threading.Event(), threading.Event()
-    real = objstore.object_id
+    real = object_store.object_id
     calls = {"n": 0}
 
     def slow(obj: Any) -> Any:
@@ -404,7 +395,7 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
             release.wait(5)  # the first reader stops part-way through
         return real(obj)
 
-    monkeypatch.setattr(objstore, "object_id", slow)
+    monkeypatch.setattr(object_store, "object_id", slow)
     first = threading.Thread(target=lambda: pack.objects, name="first")
     first.start()
     assert started.wait(5)
@@ -421,7 +412,7 @@ def test_the_writer_keeps_its_pack_as_a_reader_would_parse_it(
     again): the same index, bytes and size as parsing what it stored; and a new store object
     loads the state from the stored packs."""
     from cas_checkpoint import Key
-    from cas_checkpoint.objstore import parse_pack
+    from cas_checkpoint.engine.object_store import parse_pack
 
     if "encryption" in options:
         options = {"encryption": Key.generate()}

@@ -8,6 +8,57 @@ from pathlib import Path
 import cas_checkpoint
 from cas_checkpoint import CheckpointStore, errors
 
+# Every name each public import path exports, exactly: adding one is a deliberate act (add it
+# here), and so is removing one (users' imports break).
+PUBLIC = {
+    "cas_checkpoint": {
+        "AsyncCheckpointStore", "BundleReport", "CasError", "Change", "Checkpoint",
+        "CheckpointId", "CheckpointInfo", "CheckpointStore", "ConflictError", "CopyReport",
+        "FormatError", "GCReport", "IntegrityError", "InvalidArgumentError", "Key", "Match",
+        "NotFoundError", "ObjectId", "Problem", "PruneReport", "RepackReport", "SearchResult",
+        "SerializationError", "StateDiff", "StatePart", "StorageError", "StoreStats", "ThreadStats",
+        "TypeRegistry", "UnsafeStorageError", "Unread", "VerifyReport", "copy_threads",
+    },
+    "cas_checkpoint.aio": {"AsyncCheckpointStore", "landed"},
+    "cas_checkpoint.backends": {
+        "MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectInfo", "RefMismatch",
+        "backend_for", "open_backend", "open_backend_async",
+    },
+    "cas_checkpoint.agents": {
+        "MAX_ARGUMENTS_CHARS", "TOOL_NAMES", "AfterLlmResponse", "AfterToolCall", "AnyOf",
+        "AsyncBackground", "AsyncRecorder", "Background", "Event", "Every", "Interval", "Never",
+        "Operation", "Policy", "Recorder", "adispatch", "anthropic_tools", "dispatch",
+        "openai_tools", "tool_definitions",
+    },
+    "cas_checkpoint.integrations.langgraph": {"PREFIX", "RECENT", "CasSaver", "default_types"},
+    "cas_checkpoint.cli": {"main"},
+}
+
+
+def test_every_public_import_path_exports_exactly_its_names() -> None:
+    import importlib
+
+    for path, names in PUBLIC.items():
+        module = importlib.import_module(path)
+        assert sorted(module.__all__) == sorted(names), path
+        assert len(set(module.__all__)) == len(module.__all__), path
+        for name in names:
+            assert getattr(module, name) is not None, f"{path}.{name}"
+    from cas_checkpoint.aio import AsyncCheckpointStore
+
+    assert cas_checkpoint.AsyncCheckpointStore is AsyncCheckpointStore
+
+
+def test_the_command_runs_as_a_module() -> None:
+    """``python -m cas_checkpoint.cli``, as the ``cas-checkpoint`` script does (a subprocess:
+    what users run)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "--help"],
+                         capture_output=True, text=True, check=True)
+    assert "usage:" in out.stdout
+
 
 def test_exports() -> None:
     assert {
@@ -25,7 +76,7 @@ def test_store_methods() -> None:
     public = {n for n, _ in inspect.getmembers(CheckpointStore) if not n.startswith("_")}
     assert {"open", "save", "load", "get", "history", "find", "threads", "count", "head",
             "fork", "rewind", "delete", "delete_thread", "stats", "storage_bytes",
-            "url", "diff", "search", "init", "settings", "rekey"} <= public
+            "url", "diff", "search", "init", "settings", "rekey", "read_part"} <= public
     from cas_checkpoint.aio import AsyncCheckpointStore
 
     for cls in (CheckpointStore, AsyncCheckpointStore):
@@ -34,6 +85,10 @@ def test_store_methods() -> None:
                    for p in ("create", "compression", "compression_level", "encryption")), cls
         assert hasattr(cls, "rekey"), cls
     assert list(inspect.signature(CheckpointStore.diff).parameters) == ["self", "a_id", "b_id"]
+    for cls in (CheckpointStore, AsyncCheckpointStore):  # a part of a state, a page of a list
+        params = inspect.signature(cls.read_part).parameters
+        assert list(params) == ["self", "thread_id", "checkpoint_id", "path", "start", "count"]
+        assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in ("start", "count"))
     params = inspect.signature(CheckpointStore.search).parameters
     assert list(params) == ["self", "query", "regex", "thread_id", "all_history", "limit",
                             "progress", "checkpoint_id"]

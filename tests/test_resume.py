@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, objstore, tree
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import object_store
+from cas_checkpoint.tree import build as tree
 
 
 def _message(i: int) -> dict[str, Any]:
@@ -25,7 +27,7 @@ class Hashes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.read = self.built = 0
-        one, many, build = objstore.object_id, objstore.object_ids, tree.object_id
+        one, many, build = object_store.object_id, object_store.object_ids, tree.object_id
 
         def read_one(data: Any) -> Any:
             self.read += 1
@@ -40,8 +42,8 @@ class Hashes:
             self.built += 1
             return build(data)
 
-        monkeypatch.setattr(objstore, "object_id", read_one)
-        monkeypatch.setattr(objstore, "object_ids", read_many)
+        monkeypatch.setattr(object_store, "object_id", read_one)
+        monkeypatch.setattr(object_store, "object_ids", read_many)
         monkeypatch.setattr(tree, "object_id", built)
 
     def reset(self) -> None:

@@ -177,7 +177,7 @@ def test_error_classification(code: str, status: int, transient: bool) -> None:
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
-    from cas_checkpoint.retry import is_precondition, is_transient
+    from cas_checkpoint.backends.retry import is_precondition, is_transient
 
     err = ClientError({"Error": {"Code": code, "Message": "m"},
                        "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
@@ -189,7 +189,7 @@ def test_error_classification(code: str, status: int, transient: bool) -> None:
 def test_connection_errors_are_transient() -> None:
     from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 
-    from cas_checkpoint.retry import Backoff, is_transient
+    from cas_checkpoint.backends.retry import Backoff, is_transient
 
     assert is_transient(ReadTimeoutError(endpoint_url="http://x"))
     assert is_transient(ConnectionClosedError(endpoint_url="http://x"))

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langgraph.graph.message import add_messages
 
-from cas_checkpoint import CheckpointStore, InvalidArgumentError, tree
-from cas_checkpoint.search import MAX_PATTERN
+from cas_checkpoint import CheckpointStore, InvalidArgumentError
+from cas_checkpoint.query.search import MAX_PATTERN
+from cas_checkpoint.tree import build as tree
 
 
 def _key(k: Any) -> str:

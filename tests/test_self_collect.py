@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from conftest import open_store
 
-from cas_checkpoint import CheckpointStore, ops
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objstore import pack_key
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine import steps as ops
+from cas_checkpoint.engine.object_store import pack_key
+from cas_checkpoint.format.heads import Head
 
 
 def _save(store: CheckpointStore, thread: str, n: int, start: int = 0) -> list[str]:
@@ -41,7 +42,7 @@ def _reopen(store: CheckpointStore, request: pytest.FixtureRequest, kind: str
 
 
 def _named(store: CheckpointStore, head: Head) -> set[str]:
-    from cas_checkpoint import archive
+    from cas_checkpoint.engine import archive
 
     got = ops.run(archive.named(store._core.objects, head), store.backend)
     return {p.id for p in got}

@@ -4,23 +4,18 @@ never damaged, never across encrypted stores or other stores."""
 
 from __future__ import annotations
 
-import random
 import uuid
 from typing import Any
 
 import pytest
+from builders import random_msg
 
-from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError, shared
-from cas_checkpoint import objstore as objstore_mod
-from cas_checkpoint import tree as tree_mod
-from cas_checkpoint.heads import Head
-from cas_checkpoint.objstore import ObjectStore, pack_key
-
-
-def _msg(i: int) -> dict[str, Any]:
-    rng = random.Random(i)
-    return {"role": "user", "content": " ".join(rng.choice("abcdefgh") * 5 for _ in range(60)),
-            "id": i}
+from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError
+from cas_checkpoint.engine import object_store as objstore_mod
+from cas_checkpoint.engine import process_caches
+from cas_checkpoint.engine.object_store import ObjectStore, pack_key
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.tree import build as tree_mod
 
 
 def _url() -> str:
@@ -31,7 +26,7 @@ def _thread(store: CheckpointStore, n: int = 60) -> tuple[dict[str, Any], list[s
     state: dict[str, Any] = {"messages": []}
     ids = []
     for i in range(n):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         ids.append(store.save("t", state).id)
     head = store.refs.read("t").head
     assert head.packs, "the thread should have packs"
@@ -72,7 +67,7 @@ def test_a_new_store_object_reuses_what_another_verified(monkeypatch: Any) -> No
     assert counts.parsed == 0  # the packs the writer wrote, parsed once in this process
     assert counts.heads == 0  # the head the writer decoded
     assert counts.joined == 0  # a state the writer saved: decoded in one pass
-    shared.STATES.clear()
+    process_caches.STATES.clear()
     second = CheckpointStore.open(url)
     assert second.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
     assert (counts.parsed, counts.heads, counts.joined) == (0, 0, 1)  # joined from its nodes
@@ -93,8 +88,8 @@ def test_shared_packs_still_hash_each_object_once(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(objstore_mod, "object_id", counting)
     cid = ids[-3]
-    shared.PACKS.clear()  # as if another process had written them: nothing hashed here yet
-    shared.STATES.clear()
+    process_caches.PACKS.clear()  # as if another process had written them: nothing hashed here yet
+    process_caches.STATES.clear()
     CheckpointStore.open(url).load("t", cid)
     first = len(hashed)
     assert first > 0  # the objects taken out of the packs were hashed...
@@ -133,15 +128,15 @@ def test_a_store_made_again_under_the_same_name_is_read_afresh() -> None:
     new = CheckpointStore.open(url)
     with pytest.raises(NotFoundError):
         new.load("t")
-    state = {"messages": [_msg(1000 + i) for i in range(40)]}
+    state = {"messages": [random_msg(1000 + i) for i in range(40)]}
     new.save("t", state)
     assert CheckpointStore.open(url).load("t").state == state
 
 
 def test_other_stores_and_encrypted_stores_share_nothing() -> None:
     a, b = CheckpointStore.open(_url()), CheckpointStore.open(_url())
-    assert a.backend.shared is not b.backend.shared
-    assert CheckpointStore.open(a.url).backend.shared is a.backend.shared
+    assert a._core.objects.shared is not b._core.objects.shared
+    assert CheckpointStore.open(a.url)._core.objects.shared is a._core.objects.shared
     key = Key.generate()
     sealed = CheckpointStore.open(_url(), encryption=key)
     _thread(sealed, 30)
@@ -150,7 +145,7 @@ def test_other_stores_and_encrypted_stores_share_nothing() -> None:
 
 
 def test_the_shared_caches_are_bounded() -> None:
-    lru = shared._LRU(1000)
+    lru = process_caches._LRU(1000)
     for i in range(50):
         lru.put(i, b"x" * 100, 100)
     assert lru.bytes <= 1000 and len(lru.items) == 10
@@ -173,7 +168,7 @@ def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypat
     monkeypatch.setattr(objstore_mod, "object_id", counting)
     state: dict[str, Any] = {"messages": []}
     for i in range(80):
-        state["messages"].append(_msg(i))
+        state["messages"].append(random_msg(i))
         store.save("t", state)
     assert len(store.refs.read("t").head.packs) > 1
     assert hashed == []  # each object's id is known from when it was packed

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore
+from cas_checkpoint.engine.object_store import pack_key
 from cas_checkpoint.errors import NotFoundError
-from cas_checkpoint.objstore import pack_key
 from tests.conftest import open_store
 
 # A writer that keeps no pack in memory (``cache_bytes=0``: one pack at most) is the writer
@@ -109,8 +109,8 @@ def test_a_load_on_a_ref_that_keeps_moving_does_not_claim_damage(
     """Each read of the ref finds a new version naming packs that are gone: the load gives up
     after its retries with a StorageError that says nothing is damaged (the old code raised
     "pack ... is missing ...; run verify"); a ref that stays the same is reported damaged."""
+    from cas_checkpoint.engine.refs import Ref
     from cas_checkpoint.errors import StorageError
-    from cas_checkpoint.refs import Ref
 
     url = str(tmp_path / "s")
     a = CheckpointStore.open(url)

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from builders import options
 
 from cas_checkpoint import (
     CasError,
@@ -21,7 +22,7 @@ from cas_checkpoint import (
     SerializationError,
     StorageError,
 )
-from cas_checkpoint.objects import NODE, RECORD, object_kind
+from cas_checkpoint.format.objects import NODE, RECORD, object_kind
 
 
 def objects_of(store: CheckpointStore, kind: bytes | None = None) -> list[str]:
@@ -132,7 +133,7 @@ def test_history_find_count_read_no_state_or_record(store: CheckpointStore,
         store.save("h", msgs(i), label="even" if i % 2 == 0 else None, tags=[f"t{i % 3}"],
                    metadata={"i": i})
     # count and recent history come from the ref alone; the whole log reads the packs once
-    other = CheckpointStore.open(store.url, storage_options=_options(store))
+    other = CheckpointStore.open(store.url, storage_options=options(store))
     reads: list[list[str]] = []
     real = other.backend.get_many
 
@@ -152,20 +153,11 @@ def test_history_find_count_read_no_state_or_record(store: CheckpointStore,
     assert len(pack_rounds) <= 1  # one round of pack reads, then the cache
     # without any pack the ref still answers count and recent history; a load cannot
     monkeypatch.undo()
-    third = CheckpointStore.open(store.url, storage_options=_options(store))
+    third = CheckpointStore.open(store.url, storage_options=options(store))
     third.backend.delete_many([i.key for i in third.backend.list("packs")])
     assert third.count("h") == 40 and len(third.history("h", limit=5)) == 5
     with pytest.raises(NotFoundError):
         third.load("h")
-
-
-def _options(store: CheckpointStore) -> dict[str, Any] | None:
-    fs = getattr(store.backend, "fs", None)
-    if fs is None or not store.url.startswith("s3"):
-        return None
-    # a store opened for asyncio has an async s3fs: open the sync twin without those options
-    return {k: v for k, v in fs.storage_options.items()
-            if k not in ("asynchronous", "loop", "skip_instance_cache")}
 
 
 def test_long_thread_keeps_head_small_and_history_exact(store: CheckpointStore) -> None:
@@ -180,7 +172,7 @@ def test_long_thread_keeps_head_small_and_history_exact(store: CheckpointStore) 
 
 
 def _key(thread: str) -> str:
-    from cas_checkpoint.refs import thread_key
+    from cas_checkpoint.engine.refs import thread_key
     return thread_key(thread).rsplit("/", 1)[1]
 
 
@@ -269,7 +261,7 @@ def test_expected_head_conflict(store: CheckpointStore) -> None:
     assert (err.value.expected, err.value.actual) == (c1.id, c2.id)
     assert store.count("c") == 2
     # a second store instance moves the head; the first one's cache must not hide it
-    other = CheckpointStore.open(store.url, storage_options=_options(store))
+    other = CheckpointStore.open(store.url, storage_options=options(store))
     c3 = other.save("c", msgs(3))
     c4 = store.save("c", msgs(4), expected_head=c3.id)
     assert c4.parent_ids == (c3.id,)
@@ -442,7 +434,7 @@ def test_a_save_that_loses_a_race_writes_its_pack_again(monkeypatch: pytest.Monk
 
 
 def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
-    from cas_checkpoint.objects import Record
+    from cas_checkpoint.format.objects import Record
 
     states = [msgs(i) for i in range(1, 4)]
     ids = [store.save("t", s).id for s in states]
@@ -453,14 +445,14 @@ def test_a_small_state_writes_only_its_record(store: CheckpointStore) -> None:
     assert ref is not None
     rec = Record.decode(store.objects.view(ref.head).get(ids[-1]))
     assert rec.root_node is not None and rec.children() == ()
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     for cid, state in zip(ids, states, strict=True):
         assert fresh.load("t", cid).state == state
         assert fresh.get(cid).state == state
 
 
 def test_an_inline_root_is_no_object_of_its_own(store: CheckpointStore) -> None:
-    from cas_checkpoint.objects import Record
+    from cas_checkpoint.format.objects import Record
 
     state = {"doc": "y" * 1500, "step": 1}  # the 1.5 KB doc is a node under a small root
     cid = store.save("t", state).id
@@ -470,7 +462,7 @@ def test_an_inline_root_is_no_object_of_its_own(store: CheckpointStore) -> None:
     rec = Record.decode(view.get(cid))
     assert rec.root_node is not None and len(rec.children()) == 1
     assert view.ids() == {cid, *rec.children()}  # the record and the node under its root
-    assert CheckpointStore.open(store.url, storage_options=_options(store)).load(
+    assert CheckpointStore.open(store.url, storage_options=options(store)).load(
         "t").state == state
 
 
@@ -482,10 +474,10 @@ def test_an_inline_root_reused_as_a_stored_node_is_written(store: CheckpointStor
     inner = {"doc": "y" * 1500, "k": 1}
     store.save("t", inner)
     if via_load:
-        store = CheckpointStore.open(store.url, storage_options=_options(store))
+        store = CheckpointStore.open(store.url, storage_options=options(store))
         assert store.load("t").state == inner
     outer = {"wrap": inner, "n": 2}
     cid = store.save("t", outer).id
-    fresh = CheckpointStore.open(store.url, storage_options=_options(store))
+    fresh = CheckpointStore.open(store.url, storage_options=options(store))
     assert fresh.get(cid).state == outer
     assert store.verify().ok

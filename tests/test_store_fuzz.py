@@ -18,12 +18,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cas_checkpoint import CasError, CheckpointStore
-from cas_checkpoint.heads import Head, PackRef, Peak
-from cas_checkpoint.objects import LogEntry, ObjectId, Record, Segment, encode_node, object_id
-from cas_checkpoint.objstore import pack_key
-from cas_checkpoint.packfile import decode_pack
-from cas_checkpoint.packing import make_pack
-from cas_checkpoint.refs import thread_key
+from cas_checkpoint.engine.object_store import pack_key
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.engine.staging import make_pack
+from cas_checkpoint.format.heads import Head, PackRef, Peak
+from cas_checkpoint.format.objects import (
+    LogEntry,
+    ObjectId,
+    Record,
+    Segment,
+    encode_node,
+    object_id,
+)
+from cas_checkpoint.format.pack import decode_pack
 
 FUZZ = settings(max_examples=int(os.environ.get("CAS_FUZZ_EXAMPLES", "40")), deadline=5000,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

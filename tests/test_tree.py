@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cas_checkpoint import CheckpointStore, tree, treeindex
-from cas_checkpoint.objects import decode_node
-from cas_checkpoint.scan import LEAF_MAX_ITEMS
-from cas_checkpoint.shapes import COUNTED
+from cas_checkpoint import CheckpointStore
+from cas_checkpoint.format.objects import decode_node
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree import index as treeindex
+from cas_checkpoint.tree.cuts import LEAF_MAX_ITEMS
+from cas_checkpoint.tree.shapes import COUNTED
 
 
 def fetcher(objects: dict[str, bytes]) -> Any:
@@ -129,7 +131,7 @@ def test_nodes_written_per_append_stay_bounded(n: int) -> None:
 
 
 def test_splitting_is_deterministic_across_processes() -> None:
-    script = ("from cas_checkpoint import tree\n"
+    script = ("from cas_checkpoint.tree import build as tree\n"
               "v = {'m': [{'c': 'x' * (i % 500), 's': {i, i + 1}} for i in range(3000)]}\n"
               "print(tree.build(v).root)")
     roots = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -156,7 +158,8 @@ def test_hostile_dag_does_not_explode() -> None:
 def test_split_values_are_joined_by_spans_and_bad_spans_are_refused() -> None:
     import pytest
 
-    from cas_checkpoint import FormatError, codec
+    from cas_checkpoint import FormatError
+    from cas_checkpoint.format import codec
 
     state = {"messages": [message(i) for i in range(40)], "step": 3}
     built = tree.build(state)
@@ -320,10 +323,10 @@ def test_a_memo_gives_the_same_nodes_over_random_appends_edits_and_rewinds(
     without."""
     import random
 
-    from cas_checkpoint import scan
+    from cas_checkpoint.tree import cuts
 
     monkeypatch.setattr(tree, "LEAF_MAX_ITEMS", limit)
-    monkeypatch.setattr(scan, "LEAF_MAX_ITEMS", limit)
+    monkeypatch.setattr(cuts, "LEAF_MAX_ITEMS", limit)
     if limit < 100:  # and the memo's shared node lengths emptied now and then
         monkeypatch.setattr(tree.Memo, "LENGTHS", 300)
     rng = random.Random(limit)
@@ -404,7 +407,7 @@ def test_whatever_save_accepts_load_returns_in_a_small_thread_stack(tmp_path: An
     level), so in a 1 MB thread stack every depth saves and loads; past what the codec encodes
     (1,023 dicts around a value), save refuses with SerializationError. (tests/test_deep_states
     checks more kinds and depths.)"""
-    from cas_checkpoint.shapes import MAX_NEST
+    from cas_checkpoint.tree.shapes import MAX_NEST
 
     for depth in (25, 200, MAX_NEST - 1, 700):
         url = str(tmp_path / f"d{depth}")
@@ -420,7 +423,9 @@ def test_a_hostile_chain_of_tiny_nodes_is_a_format_error_not_a_crash(tmp_path: A
 
     script = """
 import threading
-from cas_checkpoint import codec, tree, FormatError
+from cas_checkpoint.format import codec
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint import FormatError
 b = tree._Builder(None)
 child = b.node(tree.VALUE, codec.encode(1))
 for depth in range(int(__import__("sys").argv[1])):
@@ -445,7 +450,8 @@ print(out["r"])
 def test_a_hostile_dag_cannot_expand_into_gigabytes() -> None:
     """A 60 KB leaf named 999 times by a node named 999 times: ~60 GB if expanded. The budget
     comes from the distinct bytes read (not from any field an attacker writes)."""
-    from cas_checkpoint import FormatError, codec
+    from cas_checkpoint import FormatError
+    from cas_checkpoint.format import codec
 
     b = tree._Builder(None)
     leaf = b.node(tree.VALUE, codec.encode("x" * 60_000))
@@ -520,12 +526,13 @@ def test_old_layout_is_reproduced_and_both_layouts_load(monkeypatch: pytest.Monk
 
 
 def _varints(*values: int) -> bytes:
-    from cas_checkpoint.links import varint
+    from cas_checkpoint.format.placeholders import varint
     return b"".join(map(varint, values))
 
 
 def test_lying_lengths_are_refused() -> None:
-    from cas_checkpoint import FormatError, codec
+    from cas_checkpoint import FormatError
+    from cas_checkpoint.format import codec
     b = tree._Builder(None)
     two = b.node(tree.VALUE, codec.encode([1, 2]))
     three = b.node(tree.VALUE, codec.encode([3, 4, 5]))

@@ -18,7 +18,7 @@ import pytest
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.aio import AsyncCheckpointStore
-from cas_checkpoint.objects import CheckpointId, LogEntry
+from cas_checkpoint.format.objects import CheckpointId, LogEntry
 
 
 class _Races(logging.Handler):

@@ -7,22 +7,29 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 import pytest
 
-from cas_checkpoint import CasError, CheckpointStore, IntegrityError, StorageError, codec, tree
+from cas_checkpoint import CasError, CheckpointStore, IntegrityError, StorageError
 from cas_checkpoint.cli import main
-from cas_checkpoint.heads import Head, PackRef, Peak
-from cas_checkpoint.objects import LogEntry, ObjectId, Record, decode_node, encode_node, object_id
-from cas_checkpoint.objstore import key_pack_id, pack_key
-from cas_checkpoint.packfile import decode_pack, encode_pack
-from cas_checkpoint.packing import make_pack
-from cas_checkpoint.refs import HEADS, thread_key
-from cas_checkpoint.shapes import MAX_DEPTH
+from cas_checkpoint.engine.object_store import key_pack_id, pack_key
+from cas_checkpoint.engine.refs import HEADS, thread_key
+from cas_checkpoint.engine.staging import make_pack
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.heads import Head, PackRef, Peak
+from cas_checkpoint.format.objects import (
+    LogEntry,
+    ObjectId,
+    Record,
+    decode_node,
+    encode_node,
+    object_id,
+)
+from cas_checkpoint.format.pack import decode_pack, encode_pack
+from cas_checkpoint.tree import build as tree
+from cas_checkpoint.tree.shapes import MAX_DEPTH
 
 NO_S3 = ["memory", "local"]
 KEYS = {"ok", "url", "deep", "sample", "thread", "threads", "checkpoints", "objects",
@@ -573,9 +580,8 @@ def test_cli_exit_codes(tmp_path: Any) -> None:
     assert _cli("verify", str(tmp_path / "afile"))[0] == 2
     code, _, err = _cli("verify", path, "--deep", "--progress")
     assert code == 1 and "objects" in err
-    proc = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "verify", path],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and lay["c"][0] in proc.stdout
+    code, out, _ = _cli("verify", path)
+    assert code == 1 and lay["c"][0] in out
 
 
 def test_cli_s3_endpoint(moto_server: dict[str, Any], monkeypatch: Any) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from cas_checkpoint import CheckpointStore, IntegrityError, tree
-from cas_checkpoint.objstore import ObjectStore
+from cas_checkpoint import CheckpointStore, IntegrityError
+from cas_checkpoint.engine.object_store import ObjectStore
+from cas_checkpoint.tree import build as tree
 
 
 def _no_view(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,9 +39,9 @@ def test_a_warm_load_gives_what_a_cold_load_gives(url: str, monkeypatch: pytest.
                           label=f"l{i}", tags=["a", str(i)], metadata={"i": [i, {"k": None}]})
         with monkeypatch.context() as patch:
             _no_view(patch)
-            warm = store.load("t")
+            caches = store.load("t")
         cold = CheckpointStore.open(url).load("t")
-        assert warm == cold and warm.id == info.id and warm.label == f"l{i}"
+        assert caches == cold and caches.id == info.id and caches.label == f"l{i}"
         assert store.load("t", info.id) == cold  # (by id: the usual path)
 
 
@@ -101,9 +102,9 @@ def test_a_second_load_of_a_head_loaded_cold_is_warm(url: str,
     cold.state["t"][1].add(-1)
     with monkeypatch.context() as patch:
         _no_view(patch)
-        warm = reader.load("t")
+        caches = reader.load("t")
         again = reader.load("t")
-    assert warm == expected and again == expected and warm.state is not again.state
+    assert caches == expected and again == expected and caches.state is not again.state
 
 
 def test_a_head_loaded_cold_then_moved_by_another_writer_is_loaded_again(
@@ -145,10 +146,10 @@ def test_per_thread_memories_are_bounded_and_old_views_let_go_of_their_packs(
     newest ``VIEWS_KEPT``. A thread whose view was let go still skips writing the state it
     loaded; one forgotten altogether still saves and loads right (it writes more, never
     less)."""
-    from cas_checkpoint import warm
+    from cas_checkpoint.engine import caches
 
-    monkeypatch.setattr(warm, "THREADS_KEPT", 12)
-    monkeypatch.setattr(warm, "VIEWS_KEPT", 3)
+    monkeypatch.setattr(caches, "THREADS_KEPT", 12)
+    monkeypatch.setattr(caches, "VIEWS_KEPT", 3)
     root = str(tmp_path / "s")
     writer = CheckpointStore.open(root)
     states = {f"t{i}": {"messages": [{"i": i, "n": j, "text": "w" * 300} for j in range(150)]}
@@ -164,14 +165,14 @@ def test_per_thread_memories_are_bounded_and_old_views_let_go_of_their_packs(
     viewed = [t for t, k in core._have.items() if k.view is not None]
     assert viewed == ["t17", "t18", "t19"]
     asked: list[int] = []
-    missing = warm.Known.missing
+    missing = caches.Known.missing
 
-    def counting(self: warm.Known, nodes: dict[str, bytes]) -> dict[str, bytes]:
+    def counting(self: caches.Known, nodes: dict[str, bytes]) -> dict[str, bytes]:
         got = missing(self, nodes)
         asked.append(len(got))
         return got
 
-    monkeypatch.setattr(warm.Known, "missing", counting)
+    monkeypatch.setattr(caches.Known, "missing", counting)
     shed = states["t9"]  # loaded, its view let go: the ids its load checked are kept
     assert core._have["t9"].view is None and core._have["t9"].ids
     shed["messages"].append({"i": 9, "n": 150, "text": "new"})
@@ -212,10 +213,10 @@ def test_bounded_memories_under_threads_that_save_and_load_many_threads(
     import random
     import threading
 
-    from cas_checkpoint import warm
+    from cas_checkpoint.engine import caches
 
-    monkeypatch.setattr(warm, "THREADS_KEPT", 5)
-    monkeypatch.setattr(warm, "VIEWS_KEPT", 2)
+    monkeypatch.setattr(caches, "THREADS_KEPT", 5)
+    monkeypatch.setattr(caches, "VIEWS_KEPT", 2)
     root = str(tmp_path / "s")
     CheckpointStore.open(root).save("warm", {"x": 1})
     store = CheckpointStore.open(root)

@@ -10,7 +10,7 @@ checkpoints. Built on the public store API.
     rec.finish(state, status="completed")
 """
 
-from .policy import (
+from cas_checkpoint.agents.policy import (
     AfterLlmResponse,
     AfterToolCall,
     AnyOf,
@@ -20,8 +20,14 @@ from .policy import (
     Never,
     Policy,
 )
-from .recorder import AsyncBackground, AsyncRecorder, Background, Operation, Recorder
-from .tools import (
+from cas_checkpoint.agents.recorder import (
+    AsyncBackground,
+    AsyncRecorder,
+    Background,
+    Operation,
+    Recorder,
+)
+from cas_checkpoint.agents.tools import (
     MAX_ARGUMENTS_CHARS,
     TOOL_NAMES,
     adispatch,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgumentError
-from ..objects import bad_text
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.objects import bad_text
 
 __all__ = ["AfterLlmResponse", "AfterToolCall", "AnyOf", "Clock", "Event", "Every", "Interval",
            "LLM_RESPONSE", "Never", "Policy", "TOOL_CALL"]

@@ -31,14 +31,14 @@ from typing import Any
 
 import blake3
 
-from .. import codec
-from ..aio import AsyncCheckpointStore
-from ..errors import InvalidArgumentError
-from ..model import CheckpointInfo
-from ..objects import MAX_REASON
-from ..refs import thread_key
-from ..store import CheckpointStore
-from .policy import Clock, Event, Every, Interval, Policy, _event_name
+from cas_checkpoint.agents.policy import Clock, Event, Every, Interval, Policy, _event_name
+from cas_checkpoint.aio import AsyncCheckpointStore
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import MAX_REASON
+from cas_checkpoint.store import CheckpointStore
 
 __all__ = ["AsyncBackground", "AsyncRecorder", "Background", "Operation", "Recorder"]
 

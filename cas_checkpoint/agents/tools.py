@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..errors import CasError, InvalidArgumentError, NotFoundError
-from ..model import CheckpointInfo
-from ..objects import KINDS, STATUSES, bad_text
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.errors import CasError, InvalidArgumentError, NotFoundError
+from cas_checkpoint.format.objects import KINDS, STATUSES, bad_text
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "TOOL_NAMES", "adispatch", "anthropic_tools", "dispatch",
            "openai_tools", "tool_definitions"]

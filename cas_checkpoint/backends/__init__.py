@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import InvalidArgumentError, NotFoundError
-from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
-from .local import LocalBackend
-from .memory import MemoryBackend
+from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from cas_checkpoint.backends.local import LocalBackend
+from cas_checkpoint.backends.memory import MemoryBackend
+from cas_checkpoint.errors import InvalidArgumentError, NotFoundError
 
 __all__ = ["MAX_REF_BYTES", "Backend", "LocalBackend", "MemoryBackend", "ObjectInfo",
            "RefMismatch", "backend_for", "open_backend", "open_backend_async"]
@@ -21,6 +21,17 @@ DEFAULT_TIMEOUT = 30.0  # seconds to connect, and to wait for each read, of one 
 # botocore makes one attempt per request: the store's own retries (retry.Backoff) are the only
 # ones, so ``retries`` attempts of ``timeout`` each bound a request (see retry.py)
 ONE_ATTEMPT = {"mode": "standard", "total_max_attempts": 1}
+
+
+def check_open_args(retries: object, timeout: object) -> None:
+    """InvalidArgumentError unless ``retries`` and ``timeout`` are what ``open`` accepts."""
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
+                                or not 1 <= retries <= 100):
+        raise InvalidArgumentError(f"retries must be an int from 1 to 100, not {retries!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= 86400):  # nan and inf are no bound
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds up to 86400 "
+                                   f"(e.g. timeout=10), not {timeout!r}")
 
 
 def _target(url: str, storage_options: dict[str, Any] | None,
@@ -112,7 +123,7 @@ async def open_backend_async(url: str, storage_options: dict[str, Any] | None = 
         await fs.set_session()
     except Exception as exc:  # a bad option of the client (region, endpoint URL, config...)
         raise InvalidArgumentError(f"cannot open {url!r}: {type(exc).__name__}: {exc}") from exc
-    from .s3 import S3Backend
+    from cas_checkpoint.backends.s3 import S3Backend
 
     if isinstance(backend, S3Backend):
         backend.owns_session = True  # aclose() closes the client made here
@@ -138,7 +149,7 @@ def backend_for(fs: Any, root: str, *, allow_unsafe: bool = False,
     if "memory" in protocols:
         return MemoryBackend(fs, root)
     if "s3" in protocols or "s3a" in protocols:
-        from .s3 import S3Backend
+        from cas_checkpoint.backends.s3 import S3Backend
 
         return S3Backend(fs, root, allow_unsafe=allow_unsafe, retries=retries)
     raise InvalidArgumentError(

@@ -9,7 +9,7 @@ Keys are ``/``-separated paths relative to the store's root. Two families of key
   (compare-and-swap). A ``RefMismatch`` tells the caller to re-read and try again.
 
 Each primitive has an awaitable twin (``aget_many``, ``awrite_ref``...) used by
-``AsyncCheckpointStore``; the store's logic drives either through ``ops.py``.
+``AsyncCheckpointStore``; the store's logic drives either through ``steps.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import blake3
 
-from ..errors import NotFoundError
+from cas_checkpoint.errors import NotFoundError
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
@@ -53,7 +53,19 @@ class Backend(ABC):
 
     url: str
     concurrency: int = 16
-    shared: Any = None  # caches shared by store objects of this storage (``shared.py``)
+    # Capability: the bytes live in this process (memory://), the same for every store object
+    # over this storage, so store objects may share what they read and decoded. The scope names
+    # the store: (its filesystem object, its root); None: nothing is shared.
+    shared_scope: tuple[Any, str] | None = None
+    # Capability: modified times are exact (not rounded to the second, as S3's LastModified
+    # is), so gc may take a grace under one second.
+    exact_mtimes: bool = False
+    # Capability: ``delete_unless_touched`` deletes atomically against a writer refreshing an
+    # object. Without it (S3) gc lists the candidates again just before each batch it deletes.
+    atomic_delete: bool = False
+    # Capability: the storage keeps writers' temp files and gc's trash on disk, which gc
+    # cleans (``restore_trash``, ``delete_stale_temps``).
+    housekeeping: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -111,6 +123,25 @@ class Backend(ABC):
             return [i for p in prefixes for i in self.list(p)]
         with ThreadPoolExecutor(min(self.concurrency, len(prefixes))) as pool:
             return [i for part in pool.map(self.list, prefixes) for i in part]
+
+    # --- for gc, by capability (see the flags above); blocking calls
+
+    def delete_unless_touched(self, infos: builtins.list[ObjectInfo],
+                              cutoff: float) -> builtins.list[bool]:
+        """Delete each of ``infos`` unless its modified time is now at or after ``cutoff`` (a
+        writer refreshed it), atomically against such a writer; True for each deleted. Only
+        where ``atomic_delete``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete atomically against "
+                                  "writers (atomic_delete is False)")
+
+    def restore_trash(self) -> None:
+        """Put back what a gc that died mid-sweep set aside (where ``housekeeping``)."""
+        return None
+
+    def delete_stale_temps(self, cutoff: float, dry_run: bool) -> int:
+        """Delete the temp files of writers older than ``cutoff`` (none with ``dry_run``);
+        returns how many there were (where ``housekeeping``)."""
+        return 0
 
     # --- the async face: the same primitives, awaited. By default each call runs the sync
     # method on a small thread pool of this backend's own (local disk has no portable async

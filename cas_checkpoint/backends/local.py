@@ -1,6 +1,6 @@
 """A local directory: plain ``os`` calls. Objects: temp file + fsync + ``os.link`` (create if
 absent); refs: under an ``flock`` per ref, which the kernel releases when a holder dies, a
-``pwrite`` + ``fdatasync`` into the free slot of a two-slot ref file (``slots.py`` says why that
+``pwrite`` + ``fdatasync`` into the free slot of a two-slot ref file (``ref_slots.py`` says why that
 is as strong as a temp file + fsync + ``os.replace`` + folder fsync, which a new ref, an old
 one-piece ref or a head that outgrew its slot still get). The async face runs these calls on a
 small thread pool (``base.py``)."""
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
-from ..errors import FormatError, IntegrityError, NotFoundError, StorageError
-from . import slots
-from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
+from cas_checkpoint.backends import local_trash, ref_slots
+from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
+from cas_checkpoint.errors import FormatError, IntegrityError, NotFoundError, StorageError
 
 try:
     import fcntl
@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Windows
 LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, at most
 REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
 _datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
-MAX_REF_FILE = slots.max_file(MAX_REF_BYTES)  # a ref file larger than this is refused unread
+MAX_REF_FILE = ref_slots.max_file(MAX_REF_BYTES)  # a ref file larger than this is refused unread
 REPAIR = ("Run `cas-checkpoint verify STORE` to see what each slot holds, then `cas-checkpoint "
           "repair-ref STORE THREAD --use-slot N` (keep a whole slot's head) or `--remove`")
 TORN_READS = 100  # a reader that keeps finding no valid slot in changing bytes gives up then
@@ -55,6 +55,8 @@ def _holder(fd: int) -> str:
 class LocalBackend(Backend):
     """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
 
+    exact_mtimes = atomic_delete = housekeeping = True
+
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.url = self.root
@@ -77,7 +79,7 @@ class LocalBackend(Backend):
         self._written: dict[str, tuple[int, bytes, bytes, str]] = {}
         # per ref key, the slots of a file last read that is not at rest as a finished update
         # leaves it (two valid slots, a torn or damaged slot): what verify reports
-        self.ref_notes: dict[str, slots.Reading] = {}
+        self.ref_notes: dict[str, ref_slots.Reading] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
@@ -224,19 +226,19 @@ class LocalBackend(Backend):
             at += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)  # (b"" for an empty file)
 
-    def _head_of(self, key: str, data: bytes) -> tuple[bytes, slots.Live | None] | str | None:
+    def _head_of(self, key: str, data: bytes) -> tuple[bytes, ref_slots.Live | None] | str | None:
         """(head, live slot) of a ref file's bytes: a one-piece ref is its head (no slot);
         None for a slotted file with no valid slot (being written, or damaged); a str (what
         is wrong, slot by slot) for one whose newest head is damaged. Notes in
         ``ref_notes`` a slotted file that is not at rest as a finished update leaves it."""
-        if not slots.is_slotted(data):
+        if not ref_slots.is_slotted(data):
             if len(data) > MAX_REF_BYTES:
                 raise FormatError(f"ref {key} in {self.root} is {len(data)} bytes, larger than "
                                   f"any valid ref ({MAX_REF_BYTES}); it is corrupt or hostile")
             return data, None
         known = self._written.get(key)
         try:
-            got = slots.read(data, None if known is None else known[:3])
+            got = ref_slots.read(data, None if known is None else known[:3])
         except ValueError as exc:
             raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; run "
                               "`cas-checkpoint verify`") from None
@@ -258,7 +260,7 @@ class LocalBackend(Backend):
         if why is None:
             why = "both slots fail their checksums (neither holds a whole head): it is damaged"
             with suppress(ValueError):
-                why += f" ({slots.read(data).describe()})" if data is not None else ""
+                why += f" ({ref_slots.read(data).describe()})" if data is not None else ""
         exc = IntegrityError("a valid slot", "none", f"ref {key} in {self.root}")
         exc.args = (f"ref {key} in {self.root} cannot be read: {why}. {REPAIR}",)
         return exc
@@ -275,11 +277,11 @@ class LocalBackend(Backend):
                 if use_slot is None:
                     self._remove(key, path)
                     return "removed"
-                if not slots.is_slotted(data) or len(data) > MAX_REF_FILE:
+                if not ref_slots.is_slotted(data) or len(data) > MAX_REF_FILE:
                     raise FormatError(f"ref {key} in {self.root} is not a slotted ref: choose "
                                       "--remove")
                 try:
-                    reading = slots.read(data)
+                    reading = ref_slots.read(data)
                 except ValueError as exc:
                     raise FormatError(f"ref {key} in {self.root} is damaged: {exc}; choose "
                                       "--remove") from None
@@ -289,7 +291,7 @@ class LocalBackend(Backend):
                                       f"head ({reading.describe()}); choose another --use-slot "
                                       "or --remove")
                 seq = max(s.seq for s in reading.slots) + 1
-                os.replace(self._write_tmp(path, slots.new_file(seq, chosen.head)), path)
+                os.replace(self._write_tmp(path, ref_slots.new_file(seq, chosen.head)), path)
                 self._fsync_dir(os.path.dirname(path))
                 self._written.pop(key, None)
                 self.ref_notes.pop(key, None)
@@ -367,7 +369,7 @@ class LocalBackend(Backend):
                   refresh: Callable[[], None] | None = None) -> str:
         """Compare-and-swap under the ref's lock: the head is re-read under it and compared
         with ``expected``; then the new head goes into the free slot (one ``fdatasync``), or
-        the ref is written whole (temp file, fsync, rename, folder fsync; see ``slots.py``)."""
+        the ref is written whole (temp file, fsync, rename, folder fsync; see ``ref_slots.py``)."""
         path = self._path(key)
         try:
             with self._locked(path) as waited:
@@ -388,7 +390,7 @@ class LocalBackend(Backend):
                     if (self._version_of(key, current[0]) if current else None) != expected:
                         raise RefMismatch(key)
                     live = current[1] if current else None
-                    if live is not None and live.fmt == slots.FORMAT and slots.fits(
+                    if live is not None and live.fmt == ref_slots.FORMAT and ref_slots.fits(
                             live.slot, len(data)):
                         slot = self._write_slot(fd, live, data)
                         return self._wrote(key, live.seq + 1, slot, data)
@@ -396,7 +398,7 @@ class LocalBackend(Backend):
                     if fd >= 0:
                         os.close(fd)
                 seq = live.seq + 1 if live is not None else 1
-                whole = slots.new_file(seq, data)
+                whole = ref_slots.new_file(seq, data)
                 tmp = self._write_tmp(path, whole)
                 os.replace(tmp, path)
                 self._fsync_dir(os.path.dirname(path))
@@ -409,7 +411,7 @@ class LocalBackend(Backend):
         version = _version(head)
         if len(self._written) >= 4096:
             self._written.clear()
-        self._written[key] = (seq, slots.checksum_of(slot), head, version)
+        self._written[key] = (seq, ref_slots.checksum_of(slot), head, version)
         return version
 
     def _version_of(self, key: str, head: bytes) -> str:
@@ -417,10 +419,10 @@ class LocalBackend(Backend):
         return known[3] if known is not None and known[2] == head else _version(head)
 
     @staticmethod
-    def _write_slot(fd: int, live: slots.Live, head: bytes) -> bytes:
+    def _write_slot(fd: int, live: ref_slots.Live, head: bytes) -> bytes:
         """Write ``head`` into the slot that is not live, flush it, then retire the old one;
         returns the slot's bytes."""
-        slot = slots.encode_slot(live.seq + 1, head)
+        slot = ref_slots.encode_slot(live.seq + 1, head)
         view = memoryview(slot)
         start = at = (1 - live.index) * live.slot
         try:
@@ -430,18 +432,19 @@ class LocalBackend(Backend):
             # Once the new slot is whole, the live one names it as its successor (outside its
             # checksum), flushed with it: if the retire below is lost and the new slot is later
             # damaged, readers raise instead of stepping back to the old head (slots.read).
-            os.pwrite(fd, slots.next_mark(live.seq + 1), live.index * live.slot + slots.NEXT_AT)
+            os.pwrite(fd, ref_slots.next_mark(live.seq + 1),
+                      live.index * live.slot + ref_slots.NEXT_AT)
             _datasync(fd)  # the file's size is unchanged: this makes the new slot durable
         except BaseException:
             # Not acknowledged, so not visible either: retire the new slot again (best
             # effort; the old one is still valid and, if this fails too, only has a lower seq)
             with suppress(OSError):
-                os.pwrite(fd, bytes(32), start + slots.CHECKSUM_AT)
+                os.pwrite(fd, bytes(32), start + ref_slots.CHECKSUM_AT)
             raise
         # After that (not before), retire the old slot: a ref at rest has one valid slot, so a
         # damaged one is an error, not a step back. Unflushed: if lost, the old slot is valid
         # but has the lower seq.
-        os.pwrite(fd, bytes(32), live.index * live.slot + slots.CHECKSUM_AT)
+        os.pwrite(fd, bytes(32), live.index * live.slot + ref_slots.CHECKSUM_AT)
         return slot
 
     def delete_ref(self, key: str, expected: str) -> None:
@@ -506,6 +509,16 @@ class LocalBackend(Backend):
             except OSError as exc:
                 raise StorageError(f"cannot delete {key} in {self.root}: {exc}") from exc
         return []
+
+    def delete_unless_touched(self, infos: builtins.list[ObjectInfo],
+                              cutoff: float) -> builtins.list[bool]:
+        return local_trash.delete_unless_touched(self, infos, cutoff)
+
+    def restore_trash(self) -> None:
+        local_trash.restore_trash(self)
+
+    def delete_stale_temps(self, cutoff: float, dry_run: bool) -> int:
+        return local_trash.delete_stale_temps(self, cutoff, dry_run)  # type: ignore[no-any-return]
 
     def stale_temps(self, before: float) -> builtins.list[tuple[str, int]]:
         """(path, size) of temp files under ``packs/`` and ``refs/`` last modified before

@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import shared
-from ..errors import NotFoundError
-from .base import Backend, ObjectInfo, RefMismatch, T, _version
+from cas_checkpoint.backends.base import Backend, ObjectInfo, RefMismatch, T, _version
+from cas_checkpoint.errors import NotFoundError
 
 VERSIONS_KEPT = 1024  # refs whose version is remembered (under the class-wide lock)
 VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time
@@ -20,6 +19,7 @@ VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time
 class MemoryBackend(Backend):
     """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
 
+    exact_mtimes = atomic_delete = True
     _lock = threading.Lock()
     # the version of each ref as last written or read, with its bytes (a ref is compared with
     # them, a memcmp, instead of being hashed again: a save reads its ref's version, then writes)
@@ -33,7 +33,7 @@ class MemoryBackend(Backend):
         self.root = "/" + root.strip("/")
         self.url = "memory://" + self.root
         self._prefix = self.root.rstrip("/") + "/"  # "/" for the whole memory:// filesystem
-        self.shared = shared.for_store(fs, self.root)
+        self.shared_scope = (fs, self.root)
 
     def _path(self, key: str) -> str:
         return self._prefix + key
@@ -182,3 +182,26 @@ class MemoryBackend(Backend):
 
     async def adelete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         return self.delete_many(keys)
+
+    def delete_unless_touched(self, infos: builtins.list[ObjectInfo],
+                              cutoff: float) -> builtins.list[bool]:
+        """Each of ``infos`` still older than ``cutoff`` deleted, under the lock that writers
+        take to put or refresh an object."""
+        out = []
+        with self._lock:
+            for info in infos:
+                path = self._path(info.key)
+                f = self.fs.store.get(path)
+                if f is None or _mtime(f) >= cutoff:
+                    out.append(False)
+                    continue
+                self.fs.rm_file(path)
+                out.append(True)
+        return out
+
+
+def _mtime(f: Any) -> float:
+    when = getattr(f, "modified", None) or getattr(f, "created", None)
+    if isinstance(when, datetime):
+        return when.timestamp()
+    return datetime.now(UTC).timestamp()

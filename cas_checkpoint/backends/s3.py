@@ -43,15 +43,8 @@ from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
-from ..errors import (
-    CasError,
-    FormatError,
-    InvalidArgumentError,
-    NotFoundError,
-    StorageError,
-    UnsafeStorageError,
-)
-from ..retry import (
+from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from cas_checkpoint.backends.retry import (
     Backoff,
     error_code,
     is_connection_error,
@@ -59,7 +52,14 @@ from ..retry import (
     is_timeout,
     is_transient,
 )
-from .base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from cas_checkpoint.errors import (
+    CasError,
+    FormatError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageError,
+    UnsafeStorageError,
+)
 
 log = logging.getLogger("cas_checkpoint")
 T = TypeVar("T")

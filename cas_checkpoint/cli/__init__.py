@@ -11,7 +11,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        from .app import main as run
+        from cas_checkpoint.cli.app import main as run
     except ImportError as exc:
         if getattr(exc, "name", "") and str(exc.name).split(".")[0] == "rich":
             print("cas-checkpoint: error: the command line needs its extra: pip install "

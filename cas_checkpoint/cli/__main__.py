@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from cas_checkpoint.cli import main
 
 sys.exit(main())

@@ -10,11 +10,29 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from .. import CasError
-from . import demo, move, read, repair, write
-from .common import ERROR, CliError, add_store_options, duration, positive_int
+from cas_checkpoint import CasError
+from cas_checkpoint.cli import demo, move, read, repair, ui, write
+from cas_checkpoint.cli.common import (
+    ERROR,
+    CliError,
+    add_store_options,
+    count,
+    duration,
+    positive_int,
+)
+from cas_checkpoint.cli.wording import for_cli
 
 Command = Callable[[argparse.Namespace], int]
+
+
+def _version() -> str:
+    """The installed distribution's version (the checkout's, run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cas_checkpoint")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -22,6 +40,8 @@ def _common() -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print JSON (stable keys) on stdout")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="after a summary, list the details (each thread, checkpoint, pack)")
     g.add_argument("--progress", action="store_true",
                    help="draw progress bars even when stderr is not a terminal")
     g.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -35,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
         description="Checkpoints of AI agents in a content-addressed object store. STORE is a "
         "directory, memory://name or s3://bucket/prefix.",
         epilog="Exit status: 0 ok, 1 problems found (verify), 2 error.")
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
 
@@ -133,7 +154,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("prune", write.cmd_prune, "drop old checkpoints from threads' histories")
     p.add_argument("store")
     p.add_argument("thread", nargs="?", default=None, help="one thread (default: every thread)")
-    p.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
+    p.add_argument("--keep-last", type=count, default=None, metavar="N",
                    help="keep each thread's last N checkpoints")
     p.add_argument("--older-than", type=duration, default=None, metavar="AGE",
                    help="drop checkpoints older than AGE (30m, 12h, 7d, 2w)")
@@ -166,6 +187,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="SRC")
     p.add_argument("dest", metavar="DST")
     p.add_argument("threads", nargs="*", metavar="THREAD", help="default: every thread")
+    ui.add(cmd)
     return top
 
 
@@ -179,10 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CasError, CliError) as exc:
         if args.debug:
             traceback.print_exc()
-        hint = ""
-        if "not registered" in str(exc) and ("langchain" in str(exc) or "langgraph" in str(exc)):
-            hint = "; for a LangGraph store add --types langgraph"
-        print(f"cas-checkpoint: error: {exc}{hint}", file=sys.stderr)
+        print(f"cas-checkpoint: error: {for_cli(str(exc))}", file=sys.stderr)
         return ERROR
     except KeyboardInterrupt:
         print("cas-checkpoint: interrupted", file=sys.stderr)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import (
+from cas_checkpoint import (
     CheckpointInfo,
     CheckpointStore,
     InvalidArgumentError,
@@ -22,7 +22,8 @@ from .. import (
     NotFoundError,
     TypeRegistry,
 )
-from ..walk import Stored
+from cas_checkpoint.humanize import plural
+from cas_checkpoint.query.walk import Stored
 
 OK, PROBLEMS, ERROR = 0, 1, 2  # exit codes
 
@@ -106,7 +107,7 @@ def _types(args: argparse.Namespace) -> Any:  # a TypeRegistry (open() takes one
     reg = TypeRegistry()
     if getattr(args, "types", None) == "langgraph":
         try:
-            from ..integrations.langgraph import default_types
+            from cas_checkpoint.integrations.langgraph import default_types
         except ImportError as exc:
             raise CliError(f"--types langgraph needs LangGraph: pip install "
                            f"'cas_checkpoint[langgraph]' ({exc})") from None
@@ -144,7 +145,7 @@ def _by_prefix(infos: Iterable[CheckpointInfo], prefix: str, where: str) -> Chec
         raise NotFoundError(f"no checkpoint id starts with {prefix!r} {where}; "
                             "`cas-checkpoint log STORE THREAD` lists them")
     if len(found) > 1:
-        raise CliError(f"{prefix!r} names {len(found)} checkpoints {where} ("
+        raise CliError(f"{prefix!r} names {plural(len(found), 'checkpoint')} {where} ("
                        + ", ".join(sorted(i[:16] for i in found)[:5])
                        + "); give more of the id")
     return next(iter(found.values()))
@@ -176,8 +177,8 @@ def resolve(store: CheckpointStore, spec: str, thread: str | None = None) -> Che
 
 def _back(hist: list[CheckpointInfo], n: int, thread: str) -> CheckpointInfo:
     if n >= len(hist):
-        raise NotFoundError(f"thread {thread!r} has {len(hist)} checkpoints; ~{n} goes past "
-                            "its first")
+        raise NotFoundError(f"thread {thread!r} has {plural(len(hist), 'checkpoint')}; ~{n} "
+                            "goes past its first")
     return hist[n]
 
 
@@ -195,13 +196,22 @@ def duration(text: str) -> timedelta:
     return timedelta(seconds=sum(float(a) * _UNITS[b] for a, b in parts))
 
 
-def positive_int(text: str) -> int:
+def count(text: str) -> int:
+    """A whole number, 0 or more (``--keep-last 0``)."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; give 0 or more")
+    return n
+
+
+def positive_int(text: str) -> int:
+    """A whole number, 1 or more (``-n/--limit``)."""
+    n = count(text)
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 1 or more")
     return n
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgpack
 
-from .. import CheckpointId
-from .._fmt import human_bytes
-from .common import OK, PROBLEMS, CliError, open_store
-from .render import graph, info_line
+from cas_checkpoint import CheckpointId
+from cas_checkpoint.cli.common import OK, PROBLEMS, CliError, open_store
+from cas_checkpoint.cli.render import graph, info_line
+from cas_checkpoint.humanize import human_bytes
 
 MAIN, FORK = "support-agent", "support-agent/what-if"
 MADE_BY = {"demo": True}  # in every checkpoint the demo saves: its mark

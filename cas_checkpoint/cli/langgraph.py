@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .. import CheckpointInfo, CheckpointStore, NotFoundError
-from .._fmt import human_bytes
-from ..integrations.lgnames import name_of as name_of
-from ..integrations.lgnames import parse_name as parse_name
-from ..objects import CheckpointId
-from . import common
-from .common import CliError
+from cas_checkpoint import CheckpointInfo, CheckpointStore, NotFoundError
+from cas_checkpoint.cli import common
+from cas_checkpoint.cli.common import CliError
+from cas_checkpoint.format.objects import CheckpointId
+from cas_checkpoint.humanize import human_bytes, plural
+from cas_checkpoint.integrations.langgraph_threads import name_of as name_of
+from cas_checkpoint.integrations.langgraph_threads import parse_name as parse_name
 
 SPECIAL = {"__interrupt__": "interrupt", "__error__": "error", "__resume__": "resume"}
 _LG_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f-]{1,27}")  # LangGraph's uuid-like ids (or a prefix)
@@ -72,8 +72,9 @@ class LgThread:
         """The checkpoint ``n`` LangGraph checkpoints before the latest (pending writes do not
         count)."""
         if n >= len(self.checkpoints):
-            raise NotFoundError(f"LangGraph thread {self.label} has {len(self.checkpoints)} "
-                                f"checkpoints; ~{n} goes past its first")
+            raise NotFoundError(f"LangGraph thread {self.label} has "
+                                f"{plural(len(self.checkpoints), 'checkpoint')}; ~{n} goes past "
+                                "its first")
         return self.checkpoints[n]
 
     def by_lg_id(self, prefix: str) -> list[CheckpointInfo]:
@@ -276,8 +277,8 @@ def line(info: CheckpointInfo, *, nodes: list[str] | None = None, writes: int = 
 
 
 def header(lgt: LgThread) -> str:
-    return (f"LangGraph thread {lgt.label}: {len(lgt.checkpoints)} checkpoints, "
-            f"{lgt.write_count} pending writes")
+    return (f"LangGraph thread {lgt.label}: {plural(len(lgt.checkpoints), 'checkpoint')}, "
+            f"{plural(lgt.write_count, 'pending write')}")
 
 
 # --- prune ---

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import copy_threads
-from .._fmt import human_bytes
-from . import langgraph as lg
-from .common import OK, emit_json, open_store
-from .progress import bar
+from cas_checkpoint import copy_threads
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import OK, emit_json, open_store
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def _report(r: Any) -> dict[str, Any]:
@@ -27,7 +27,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"file": args.file, **_report(r)})
     else:
-        print(f"exported {args.thread!r}: {r.checkpoints} checkpoints, {r.objects} objects, "
+        print(f"exported {args.thread!r}: {plural(r.checkpoints, 'checkpoint')}, "
+              f"{plural(r.objects, 'object')}, "
               f"{human_bytes(r.bytes)} in {args.file}")
     return OK
 
@@ -40,8 +41,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"file": args.file, **_report(r)})
     else:
-        print(f"imported {r.thread_id!r}: {r.checkpoints} checkpoints, every object re-hashed; "
-              f"wrote {r.objects_written} of {r.objects} objects (the store had the rest)")
+        print(f"imported {r.thread_id!r}: {plural(r.checkpoints, 'checkpoint')}, every object "
+              f"re-hashed; wrote {r.objects_written} of {plural(r.objects, 'object')} (the "
+              "store had the rest)")
     return OK
 
 
@@ -53,7 +55,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"from": src.url, "to": dst.url, **_report(r)})
     else:
-        print(f"copied {len(r.threads)} threads ({r.checkpoints} checkpoints) from {src.url} to "
-              f"{dst.url}: wrote {r.objects_written} of {r.objects} objects "
+        print(f"copied {plural(len(r.threads), 'thread')} ({plural(r.checkpoints, 'checkpoint')}) "
+              f"from {src.url} to {dst.url}: wrote {r.objects_written} of "
+              f"{plural(r.objects, 'object')} "
               f"({human_bytes(r.bytes_written)}); run again to resume an interrupted copy")
     return OK

@@ -10,12 +10,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import CasError, CheckpointInfo, CheckpointStore, SearchResult
-from .._fmt import human_bytes
-from . import langgraph as lg
-from .common import OK, PROBLEMS, CliError, emit_json, info_dict, jsonable, open_store
-from .progress import bar
-from .render import follow, graph, info_line, parse_path, path_text, render
+from cas_checkpoint import CasError, CheckpointInfo, CheckpointStore, SearchResult
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import (
+    OK,
+    PROBLEMS,
+    CliError,
+    emit_json,
+    info_dict,
+    jsonable,
+    open_store,
+)
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.cli.render import follow, graph, info_line, parse_path, path_text, render
+from cas_checkpoint.cli.wording import for_cli
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def _console() -> Console:
@@ -39,7 +48,7 @@ def cmd_threads(args: argparse.Namespace) -> int:
             count = len(lgt.checkpoints) if lgt else store.count(thread)
         except CasError as exc:
             damaged += 1
-            print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
+            print(f"cas-checkpoint: thread {thread!r}: {for_cli(str(exc))}", file=sys.stderr)
             continue
         head = hist[0] if hist else None
         step = lg.lg_meta(head).get("step") if lgt and head else head.step if head else None
@@ -153,7 +162,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             out.append(d)
         emit_json({"thread": args.thread, "checkpoints": len(hist), "log": out})
         return OK
-    print(f"thread {args.thread!r}: {len(hist)} checkpoints"
+    print(f"thread {args.thread!r}: {plural(len(hist), 'checkpoint')}"
           + (f", {len(shown)} shown" if len(shown) != len(hist) else ""))
     if not args.graph:
         for info in shown:
@@ -228,7 +237,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         named = {(got[0] if (got := lg.parse_name(t)) and any(
             lg.parse_name(u) == (got[0], "") for u in threads) else t) for t in threads}
         if len(named) != 1:
-            raise CliError(f"the store has {len(threads)} threads: name one (or a checkpoint id)")
+            raise CliError(f"the store has {plural(len(threads), 'thread')}: name one (or a "
+                           "checkpoint id)")
         info = lg.resolve(store, named.pop(), threads=threads)
     cp = store.load(info.thread_id, info.id)
     state = cp.state
@@ -284,8 +294,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             print(f"- {path} = {_cut(_value(c.old))}")
         else:
             print(f"~ {path}: {_cut(_value(c.old))} -> {_cut(_value(c.new))}")
-    print(f"{len(d.changes)} change{'s' if len(d.changes) != 1 else ''}; "
-          f"read {d.nodes_read} tree nodes")
+    print(f"{plural(len(d.changes), 'change')}; read {plural(d.nodes_read, 'tree node')}")
     return OK
 
 
@@ -296,7 +305,8 @@ def _step(info: CheckpointInfo) -> str:
 
 
 def _cut(text: str, n: int = 160) -> str:
-    return text if len(text) <= n else text[:n] + f" ... ({len(text) - n:,} more characters)"
+    return text if len(text) <= n else \
+        text[:n] + f" ... ({plural(len(text) - n, 'more character', fmt=',')})"
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -313,14 +323,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     writes = _pending_writes(store)
     if writes is not None:  # LangGraph threads: their pending writes are entries too
         total["checkpoints"], total["pending_writes"] = stats.checkpoints - writes, writes
-    counted = (f"{stats.checkpoints} checkpoints" if writes is None else
-               f"{stats.checkpoints - writes} checkpoints and {writes} pending writes")
+    counted = (plural(stats.checkpoints, "checkpoint") if writes is None else
+               f"{plural(stats.checkpoints - writes, 'checkpoint')} and "
+               f"{plural(writes, 'pending write')}")
     if args.json:
         emit_json({**total, **({"by_thread": per} if args.by_thread else {})})
         return OK
-    print(f"{stats.threads} threads, {counted}: states add up to "
+    print(f"{plural(stats.threads, 'thread')}, {counted}: states add up to "
           f"{human_bytes(stats.logical_bytes)}, stored in {human_bytes(stats.physical_bytes)} "
-          f"({stats.objects} packs): {stats.dedup_ratio:.1f}x less than a copy per checkpoint")
+          f"({plural(stats.objects, 'pack')}): {stats.dedup_ratio:.1f}x less than a copy per "
+          "checkpoint")
     if args.by_thread and per:
         table = Table(box=None, pad_edge=False)
         any_lg = any("pending_writes" in s for s in per.values())
@@ -349,7 +361,7 @@ def _pending_writes(store: CheckpointStore) -> int | None:
         try:
             lgt = lg.read(store, name)
         except CasError as exc:
-            print(f"cas-checkpoint: thread {name!r}: {exc}", file=sys.stderr)
+            print(f"cas-checkpoint: thread {name!r}: {for_cli(str(exc))}", file=sys.stderr)
             continue
         if lgt is not None:
             ids.update(w.id for ws in lgt.writes.values() for w in ws)
@@ -368,7 +380,7 @@ def _lg_stats(store: CheckpointStore, thread: str, row: dict[str, Any]) -> None:
         if lgt.checkpoints:
             row["messages"] = lg.message_count(store.load(thread, lgt.checkpoints[0].id).state)
     except CasError as exc:  # the figures stay the store's; say why they are not LangGraph's
-        print(f"cas-checkpoint: thread {thread!r}: {exc}", file=sys.stderr)
+        print(f"cas-checkpoint: thread {thread!r}: {for_cli(str(exc))}", file=sys.stderr)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -384,11 +396,12 @@ def cmd_search(args: argparse.Namespace) -> int:
             "checkpoints_searched": r.checkpoints_searched, "nodes_read": r.nodes_read,
             "bytes_read": r.bytes_read})
         return OK
+    print(f"{plural(len(r.matches), 'match', 'matches')} in "  # the count first, then each
+          f"{plural(r.checkpoints_searched, 'checkpoint')}; read "
+          f"{plural(r.nodes_read, 'tree node')} "
+          f"({human_bytes(r.bytes_read)})" + (":" if r.matches else ""))
     for m in r.matches:
         print(f"{m.thread_id}  {m.checkpoint_id[:12]}  state{m.path}  {m.snippet}")
-    print(f"{len(r.matches)} match{'es' if len(r.matches) != 1 else ''} in "
-          f"{r.checkpoints_searched} checkpoints; read {r.nodes_read} tree nodes "
-          f"({human_bytes(r.bytes_read)})")
     return OK
 
 
@@ -427,5 +440,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with bar(args, "verify") as progress:
         report = store.verify(deep=args.deep or args.sample is not None, sample=args.sample,
                               thread_id=args.thread, progress=progress)
-    print(report.to_json() if args.json else report.to_text())
+    if args.json:
+        print(report.to_json())
+        return OK if report.ok else PROBLEMS
+    text = report.to_text(limit=None if args.verbose else SHOW)
+    print(for_cli(text))
+    if text != report.to_text():
+        print("(-v lists them all; --json too)")
     return OK if report.ok else PROBLEMS
+
+
+SHOW = 10  # notes, problems and ids a problem names that verify prints before it counts

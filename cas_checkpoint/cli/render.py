@@ -9,14 +9,15 @@ import dataclasses
 import enum
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .._fmt import human_bytes
-from ..extypes import TypeRegistry
-from ..model import CheckpointInfo
-from ..walk import Stored
-from .common import CliError
+from cas_checkpoint.cli.common import CliError
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.format.extypes import TypeRegistry
+from cas_checkpoint.humanize import human_bytes, plural
+from cas_checkpoint.query.lanes import graph as graph  # (re-exported: log --graph)
+from cas_checkpoint.query.walk import Stored
 
 # --- one checkpoint per line ---
 
@@ -73,11 +74,11 @@ def _scalar(value: Any, full: bool) -> str | None:
     if isinstance(value, str):
         if not full and len(value) > MAX_TEXT:
             return json.dumps(value[:MAX_TEXT], ensure_ascii=False) + \
-                f" ... ({len(value) - MAX_TEXT:,} more characters)"
+                f" ... ({plural(len(value) - MAX_TEXT, 'more character', fmt=',')})"
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (bytes, bytearray)):
         head = bytes(value[:32]).hex()
-        return f"<{len(value):,} bytes: {head}{'...' if len(value) > 32 else ''}>"
+        return f"<{plural(len(value), 'byte', fmt=',')}: {head}{'...' if len(value) > 32 else ''}>"
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         return None
     return repr(value) if full else _short(repr(value), MAX_TEXT)
@@ -101,7 +102,8 @@ def _render(value: Any, depth: int, out: list[str], full: bool, pad: str) -> Non
         out.append(opening + closing)
         return
     if depth >= MAX_DEPTH:
-        out.append(f"{opening} ... {len(items):,} {'keys' if is_map else 'items'} {closing}")
+        out.append(f"{opening} ... {plural(len(items), 'key' if is_map else 'item', fmt=',')} "
+                   f"{closing}")
         return
     shown: list[tuple[int, Any]] = list(enumerate(items))
     cut = 0
@@ -226,52 +228,3 @@ def follow(state: Any, steps: Sequence[Any], types: TypeRegistry | None = None) 
 
 
 # --- the parent DAG ---
-
-
-def graph(infos: Sequence[CheckpointInfo]) -> Iterable[tuple[str, CheckpointInfo | None]]:
-    """(prefix, info) rows drawing the DAG of ``infos`` (newest first, children before
-    parents) in lanes like ``git log --graph``; rows with ``info`` None are connectors
-    (``|/`` where lanes join, ``|\\`` where a merge's other parent opens a lane)."""
-    known = {i.id for i in infos}
-    lanes: list[str | None] = []
-
-    def row(marks: dict[int, str], between: dict[int, str] | None = None) -> str:
-        cells = [" "] * (2 * len(lanes))
-        for i, lane in enumerate(lanes):
-            cells[2 * i] = marks.get(i, "|" if lane is not None else " ")
-        for i, ch in (between or {}).items():  # between lane i-1 and lane i
-            if i > 0:
-                cells[2 * i - 1] = ch
-        return "".join(cells).rstrip()
-
-    for info in infos:
-        cols = [i for i, lane in enumerate(lanes) if lane == info.id]
-        if cols[1:]:  # other lanes waited for this checkpoint too: they join its lane first
-            for i in cols[1:]:
-                lanes[i] = None
-            yield row({i: " " for i in cols[1:]}, {i: "/" for i in cols[1:]}), None
-        if cols:
-            col = cols[0]
-        elif None in lanes:
-            col = lanes.index(None)
-            lanes[col] = info.id
-        else:
-            col = len(lanes)
-            lanes.append(info.id)
-        yield row({col: "*"}), info
-        parents = [p for p in info.parent_ids if p in known]
-        lanes[col] = parents[0] if parents else None
-        opened = []
-        for parent in parents[1:]:
-            if parent in lanes:
-                continue
-            slot = lanes.index(None) if None in lanes else len(lanes)
-            if slot == len(lanes):
-                lanes.append(parent)
-            else:
-                lanes[slot] = parent
-            opened.append(slot)
-        if opened:
-            yield row({i: " " for i in opened}, {i: "\\" for i in opened}), None
-        while lanes and lanes[-1] is None:
-            lanes.pop()

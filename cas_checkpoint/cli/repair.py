@@ -8,23 +8,24 @@ import argparse
 import os
 from collections.abc import Callable
 
-from ..backends import LocalBackend, slots
-from ..crypto import SealedBackend, unwrap
-from ..refs import HEADS, thread_key
-from .common import OK, CliError, emit_json, open_store
+from cas_checkpoint.backends import LocalBackend, ref_slots
+from cas_checkpoint.backends.sealed import SealedBackend, unwrap
+from cas_checkpoint.cli.common import OK, CliError, emit_json, open_store
+from cas_checkpoint.engine.refs import HEADS, thread_key
+from cas_checkpoint.humanize import plural
 
 
 def _slots(backend: LocalBackend, key: str) -> str:
     try:
         with open(os.path.join(backend.root, *key.split("/")), "rb") as f:
-            data = f.read(2 * slots.max_file(1 << 20))
+            data = f.read(2 * ref_slots.max_file(1 << 20))
     except FileNotFoundError:
         raise CliError(f"{key} does not exist in {backend.root}; check THREAD (or give the "
                        "ref's key as refs/heads/...)") from None
-    if not slots.is_slotted(data):
-        return f"a ref in one piece of {len(data)} bytes"
+    if not ref_slots.is_slotted(data):
+        return f"a ref in one piece of {plural(len(data), 'byte')}"
     try:
-        return slots.read(data).describe()
+        return ref_slots.read(data).describe()
     except ValueError as exc:
         return f"damaged: {exc}"
 

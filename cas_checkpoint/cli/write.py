@@ -7,10 +7,9 @@ import argparse
 import sys
 from typing import Any
 
-from .. import CheckpointStore, Key, NotFoundError, PruneReport
-from .._fmt import human_bytes
-from . import langgraph as lg
-from .common import (
+from cas_checkpoint import CheckpointStore, Key, NotFoundError, PruneReport
+from cas_checkpoint.cli import langgraph as lg
+from cas_checkpoint.cli.common import (
     OK,
     CliError,
     emit_json,
@@ -19,9 +18,9 @@ from .common import (
     open_store,
     storage_options,
 )
-from .progress import bar
-
-SHOW = 20  # ids a dry run prints before it only counts
+from cas_checkpoint.cli.progress import bar
+from cas_checkpoint.cli.wording import for_cli
+from cas_checkpoint.humanize import human_bytes, plural
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -79,9 +78,9 @@ def cmd_rewind(args: argparse.Namespace) -> int:
                        "pending_writes_left": len(ids) - len(later)})
         else:
             print(f"LangGraph thread {lgt.label} now ends at checkpoint {at.metadata['lg']} "
-                  f"(step {lg.lg_meta(at).get('step')}); {len(later)} checkpoints and "
-                  f"{len(ids) - len(later)} pending writes left the thread (their objects stay "
-                  "until gc)")
+                  f"(step {lg.lg_meta(at).get('step')}); {plural(len(later), 'checkpoint')} "
+                  f"and {plural(len(ids) - len(later), 'pending write')} left the thread (their "
+                  "objects stay until gc)")
         return OK
     before = store.count(name)
     info = store.rewind(name, at.id)
@@ -89,8 +88,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"thread": name, "head": info_dict(info), "left_the_thread": dropped})
     else:
-        print(f"{name!r} now ends at {at.id[:12]} (step {at.step}); {dropped} "
-              "checkpoints left the thread (their objects stay until gc)")
+        print(f"{name!r} now ends at {at.id[:12]} (step {at.step}); "
+              f"{plural(dropped, 'checkpoint')} left the thread (their objects stay until gc)")
     return OK
 
 
@@ -106,7 +105,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
                    **({"checkpoint_id": at.metadata["lg"]} if lgt is not None else {})})
     elif lgt is not None:
         print(f"deleted LangGraph checkpoint {at.metadata['lg']} ({at.id[:12]}) and its "
-              f"{len(ids) - 1} pending writes from {lgt.label} (objects stay until gc)")
+              f"{plural(len(ids) - 1, 'pending write')} from {lgt.label} (objects stay until gc)")
     else:
         print(f"deleted {at.id[:12]} from {name!r} (its objects stay until gc)")
     return OK
@@ -125,11 +124,12 @@ def cmd_delete_thread(args: argparse.Namespace) -> int:
         emit_json({"thread": args.thread, "deleted": True, "checkpoints": n,
                    "threads": sorted(counts)})
     elif names != [args.thread]:
-        print(f"deleted LangGraph thread {args.thread!r}: {len(names)} namespace"
-              f"{'s' if len(names) > 1 else ''} ({', '.join(repr(t) for t in names)}), {n} "
-              "entries (checkpoints and pending writes; objects stay until gc)")
+        print(f"deleted LangGraph thread {args.thread!r}: {plural(len(names), 'namespace')} "
+              f"({', '.join(repr(t) for t in names)}), {plural(n, 'entry', 'entries')} "
+              "(checkpoints and pending writes; objects stay until gc)")
     else:
-        print(f"deleted thread {args.thread!r} ({n} checkpoints; objects stay until gc)")
+        print(f"deleted thread {args.thread!r} ({plural(n, 'checkpoint')}; objects stay until "
+              "gc)")
     return OK
 
 
@@ -178,6 +178,38 @@ def cmd_prune(args: argparse.Namespace) -> int:
                    "removed": total.removed + sum(len(p.removed) for p in plans.values()),
                    "reasons": reasons, "threads": dict(sorted(out.items()))})
         return OK
+    _prune_text(args, total, plans)
+    return OK
+
+
+def _prune_text(args: argparse.Namespace, total: PruneReport, plans: dict[str, lg.Plan]
+                ) -> None:
+    """The totals first; each thread's line and (dry run) each checkpoint only with -v."""
+    verb = "would remove" if args.dry_run else "removed"
+    if total.threads or not plans:
+        print(for_cli(total.to_text(by_thread=False)))
+    if plans:
+        every = list(plans.values())
+        print(f"LangGraph threads: kept {plural(sum(len(p.kept) for p in every), 'checkpoint')} "
+              f"and {plural(sum(len(p.kept_writes) for p in every), 'pending write')}, {verb} "
+              f"{plural(sum(len(p.removed) for p in every), 'checkpoint')} and "
+              f"{plural(sum(len(p.removed_writes) for p in every), 'pending write')} in "
+              f"{plural(len(plans), 'thread')}")
+    removed = total.removed + sum(len(p.removed) for p in plans.values())
+    if not args.verbose:
+        if len(total.threads) + len(plans) > 1 or (args.dry_run and removed):
+            print("(-v lists each thread" + (" and each checkpoint that would go" if
+                                             args.dry_run and removed else "")
+                  + "; --json too)")
+        return
+    for line in total.to_text().splitlines()[1:]:
+        print(line)
+    for t, pl in sorted(plans.items()):
+        why = ", ".join(f"{n} {rule}" for rule, n in pl.reasons.items())
+        print(f"{t}: kept {plural(len(pl.kept), 'LangGraph checkpoint')} ({why or 'none'}) and "
+              f"their {plural(len(pl.kept_writes), 'pending write')}, {verb} "
+              f"{plural(len(pl.removed), 'checkpoint')} and "
+              f"{plural(len(pl.removed_writes), 'pending write')}")
     if args.dry_run:
         for t, p in sorted(total.threads.items()):
             for cid in p.removed:
@@ -186,15 +218,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
             for info in pl.removed:
                 print(f"would remove {t}  {info.id[:12]}  LangGraph checkpoint "
                       f"{info.metadata['lg']} (step {lg.lg_meta(info).get('step')})")
-    verb = "would remove" if args.dry_run else "removed"
-    for t, pl in sorted(plans.items()):
-        why = ", ".join(f"{n} {rule}" for rule, n in pl.reasons.items())
-        print(f"{t}: kept {len(pl.kept)} LangGraph checkpoints ({why or 'none'}) and their "
-              f"{len(pl.kept_writes)} pending writes, {verb} {len(pl.removed)} checkpoints and "
-              f"{len(pl.removed_writes)} pending writes")
-    if total.threads or not plans:
-        print(total.to_text())
-    return OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -210,16 +233,18 @@ def cmd_gc(args: argparse.Namespace) -> int:
             out["would_delete"] = list(report.deleted)
         emit_json(out)
         return OK
-    if repacked is not None:
-        print(repacked.to_text())
-    if args.dry_run:
-        for oid in report.deleted[:SHOW]:
-            print(f"would delete pack {oid}")
-        if len(report.deleted) > SHOW:
-            print(f"... and {len(report.deleted) - SHOW} more (--json lists them all)")
-    print(report.to_text())
     verb = "would free" if args.dry_run else "freed"
     print(f"{verb} {human_bytes(report.deleted_bytes)}")
+    print(for_cli(report.to_text()))
+    if repacked is not None:
+        print(for_cli(repacked.to_text()))
+    if args.dry_run and report.deleted:
+        if not args.verbose:
+            print(f"(-v lists the {plural(len(report.deleted), 'pack')} that would go; "
+                  "--json too)")
+        else:
+            for oid in report.deleted:
+                print(f"would delete pack {oid}")
     return OK
 
 
@@ -232,8 +257,9 @@ def cmd_rekey(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
     else:
-        print(f"rekeyed {report['threads']} threads under key id {report['key_id']}: "
-              f"{report['packs_rewritten']} packs rewritten ({report['bytes_written']} bytes); "
+        print(f"rekeyed {plural(report['threads'], 'thread')} under key id {report['key_id']}: "
+              f"{plural(report['packs_rewritten'], 'pack')} rewritten "
+              f"({plural(report['bytes_written'], 'byte')}); "
               f"retired key ids: {', '.join(report['retired_key_ids']) or 'none'}; run "
               "`cas-checkpoint gc` to delete the old packs")
     return OK

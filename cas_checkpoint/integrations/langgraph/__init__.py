@@ -34,14 +34,14 @@ How LangGraph's model maps onto the store (``pip install 'cas_checkpoint[langgra
   ``list(limit=k)`` and the DeltaChannel walk read the log newest first only back to what they
   need.
 
-Every method is one step (``cas_checkpoint.ops``), run by the sync methods with blocking calls
-and by the ``a``-methods on the event loop: one implementation, two faces.
+Every method is one step (``cas_checkpoint.engine.steps``), run by the sync methods with blocking
+calls and by the ``a``-methods on the event loop: one implementation, two faces.
 """
 
 from __future__ import annotations
 
-from .keys import PREFIX
-from .registry import default_types
-from .saver import RECENT, CasSaver
+from cas_checkpoint.integrations.langgraph.keys import PREFIX
+from cas_checkpoint.integrations.langgraph.registry import default_types
+from cas_checkpoint.integrations.langgraph.saver import RECENT, CasSaver
 
 __all__ = ["PREFIX", "RECENT", "CasSaver", "default_types"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator
 
-from ...objects import LogEntry
+from cas_checkpoint.format.objects import LogEntry
 
 MAX_KEY = "lgm"  # a checkpoint entry's running max of LangGraph ids
 EARLY = "lge"  # the newest entry's map: checkpoint with early writes -> the entry before them

@@ -3,7 +3,7 @@
 LangGraph stores a channel's value once per channel version: its own savers write a blob only
 for the channels in ``new_versions`` and refer to the old blob otherwise, so a value must not
 change without a new version (a node changes state by returning an update). CasSaver stores
-the whole checkpoint as one state, split into shared nodes (``tree.py``), so it needs the whole
+the whole checkpoint as one state, split into shared nodes (``build.py``), so it needs the whole
 encoding each put; ``PutEncoder`` makes it from the encodings of the last put of that thread
 and namespace:
 
@@ -55,10 +55,10 @@ from itertools import accumulate, chain, compress, count, repeat
 from operator import add, attrgetter, is_, is_not
 from typing import Any
 
-from ...codec import TypeRegistry, decode, encode_nested
-from ...scan import item_ends
-from ...shapes import array_header, map_header
-from ...tree import Encoded
+from cas_checkpoint.format.codec import TypeRegistry, decode, encode_nested
+from cas_checkpoint.tree.build import Encoded
+from cas_checkpoint.tree.cuts import item_ends
+from cas_checkpoint.tree.shapes import array_header, map_header
 
 KEYS = 256  # (thread, namespace) pairs remembered
 BUDGET = 16 * 1024 * 1024  # bytes of encodings remembered in all (the objects they are of
@@ -232,7 +232,7 @@ class PutEncoder:
 
     def _check_types(self, types: TypeRegistry) -> None:
         """Drop everything when the registry is not the one the encodings were made with."""
-        now = (types, types.stand_in, types.unknown, *tuple(types._by_class.values()))
+        now = (types, *types.entries())
         if len(now) != len(self._types) or not all(map(is_, now, self._types)):
             with self._lock:
                 self._threads.clear()
@@ -335,8 +335,7 @@ class PutEncoder:
         ``ends``): whether decoding it gives an object that encodes to the same bytes (its
         class is registered and rebuilds it as it was). Decoded with the registry's classes
         only: an object stored as data under its class's name does not round trip."""
-        strict = TypeRegistry()
-        strict._by_class, strict._by_name = types._by_class, types._by_name
+        strict = types.without_hooks()
         try:
             again = encode_nested(decode(data, types=strict), 2, types=types)
         except Exception:  # (CasError, or a registered class's from_data that raised)

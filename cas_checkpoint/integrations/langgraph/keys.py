@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from langchain_core.runnables import RunnableConfig
 
-from ...errors import InvalidArgumentError
-from .. import lgnames as _names
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.integrations import langgraph_threads as _names
 
 PREFIX = _names.PREFIX
 _key = _names.name_of

@@ -7,9 +7,9 @@ import functools
 import logging
 from typing import Any
 
-from ...codec import TypeRegistry
-from ...errors import FormatError, InvalidArgumentError
-from ...extypes import ObjectData
+from cas_checkpoint.errors import FormatError, InvalidArgumentError
+from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.format.extypes import ObjectData
 
 log = logging.getLogger("cas_checkpoint")
 

@@ -22,18 +22,17 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 
-from ...backends import Backend, open_backend_async
-from ...codec import TypeRegistry
-from ...core import Core
-from ...errors import InvalidArgumentError
-from ...ops import Step, arun, run
-from ...store import CheckpointStore
-from .encode import PutEncoder
-from .keys import _key, _target
-from .registry import _register_any, saver_registry, set_hooks
-from .schemas import Learned
-from .steps import RECENT
-from .walks import Walks
+from cas_checkpoint.backends import Backend, open_backend_async
+from cas_checkpoint.engine.steps import Step, arun, run
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.integrations.langgraph.encode import PutEncoder
+from cas_checkpoint.integrations.langgraph.keys import _key, _target
+from cas_checkpoint.integrations.langgraph.registry import _register_any, saver_registry, set_hooks
+from cas_checkpoint.integrations.langgraph.schemas import Learned
+from cas_checkpoint.integrations.langgraph.steps import RECENT
+from cas_checkpoint.integrations.langgraph.walks import Walks
+from cas_checkpoint.store import CheckpointStore, engine_for
 
 log = logging.getLogger("cas_checkpoint")
 __all__ = ["RECENT", "CasSaver"]
@@ -69,13 +68,12 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             raise InvalidArgumentError("CasSaver needs a cas_checkpoint.CheckpointStore; use "
                                        "CasSaver.from_url(url) to open one")
         reg = saver_registry(objects=unregistered == "data")
-        for cls in store.types._by_class:
+        for cls in store.types.classes():
             _register_any(reg, cls)
         for cls in types:
             reg.register(cls)
         self.store = store
-        self._core = Core(store.backend, reg, None)
-        self._core.objects.wanted = store._core.objects.wanted  # the store's compression
+        self._core = engine_for(store, reg)
         self._encoder = PutEncoder()  # the encodings of each thread's last put (encode.py)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
@@ -123,8 +121,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         resolved (nothing is imported by name), and only of the kinds the codec stores."""
         reg = TypeRegistry()
         set_hooks(reg, objects=self.unregistered == "data")
-        for cls, entry in self._core.types._by_class.items():
-            reg.register(cls, entry.name, to_data=entry.to_data, from_data=entry.from_data)
+        reg.update(self._core.types)
         added = 0
         for item in extra_allowlist:
             if len(item) < 2:
@@ -137,8 +134,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         if not added:
             return self
         clone = copy.copy(self)
-        clone._core = Core(self._core.backend, reg, None)
-        clone._core.objects.wanted = self._core.objects.wanted
+        clone._core = self._core.with_types(reg)
         clone._learned = Learned()  # its registry learns the graphs it is called from
         clone._encoder = PutEncoder()  # (encodings made with its own registry)
         return clone

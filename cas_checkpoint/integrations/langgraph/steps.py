@@ -1,4 +1,4 @@
-"""What CasSaver's reads and writes decide, as steps (``cas_checkpoint.ops``): one
+"""What CasSaver's reads and writes decide, as steps (``cas_checkpoint.engine.steps``): one
 implementation that the sync and the async face both run."""
 
 from __future__ import annotations
@@ -19,16 +19,23 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from ...core import Core
-from ...errors import ConflictError, InvalidArgumentError, NotFoundError
-from ...heads import Head
-from ...model import CheckpointInfo
-from ...objects import CheckpointId, LogEntry
-from ...ops import Step
-from .cursor import EARLY, MAX_EARLY, MAX_KEY, WRITES_FROM, Cursor, lg_of
-from .encode import PutEncoder
-from .keys import _config, _key, _parse, _target
-from .meta import from_log, to_log
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.engine.steps import Step
+from cas_checkpoint.errors import ConflictError, InvalidArgumentError, NotFoundError
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import CheckpointId, LogEntry
+from cas_checkpoint.integrations.langgraph.cursor import (
+    EARLY,
+    MAX_EARLY,
+    MAX_KEY,
+    WRITES_FROM,
+    Cursor,
+    lg_of,
+)
+from cas_checkpoint.integrations.langgraph.encode import PutEncoder
+from cas_checkpoint.integrations.langgraph.keys import _config, _key, _parse, _target
+from cas_checkpoint.integrations.langgraph.meta import from_log, to_log
 
 RECENT = 16  # checkpoints whose states the delta-channel walk loads in one batch
 
@@ -59,7 +66,7 @@ class Steps:
         """The head of a store thread and a cursor over its log (``cursor.py``): the head this
         process last wrote or read when ``cached``, else the stored one; None when the thread
         does not exist."""
-        known = self._core._known.get(name) if cached else None
+        known = self._core.known_ref(name) if cached else None
         if known is not None:
             head = known.head
         else:

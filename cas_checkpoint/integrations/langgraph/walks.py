@@ -9,12 +9,12 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite, get_checkpoint_id
 
-from ...errors import InvalidArgumentError, NotFoundError
-from ...objects import CheckpointId, LogEntry
-from ...ops import Step
-from .keys import _key, _target
-from .meta import from_log
-from .steps import RECENT, Steps
+from cas_checkpoint.engine.steps import Step
+from cas_checkpoint.errors import InvalidArgumentError, NotFoundError
+from cas_checkpoint.format.objects import CheckpointId, LogEntry
+from cas_checkpoint.integrations.langgraph.keys import _key, _target
+from cas_checkpoint.integrations.langgraph.meta import from_log
+from cas_checkpoint.integrations.langgraph.steps import RECENT, Steps
 
 
 class Walks(Steps):

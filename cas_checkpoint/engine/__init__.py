@@ -1,0 +1,1 @@
+"""What the store's operations decide, as sans-I/O steps both faces drive."""

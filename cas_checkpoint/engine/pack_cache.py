@@ -1,0 +1,109 @@
+"""The packs a store object keeps in memory: an LRU bounded by bytes (each pack at its plain
+size) that also lets go of the packs no thread in use names."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
+
+from cas_checkpoint.format.heads import Head
+
+
+class Cached(Protocol):
+    """What the cache needs of a pack (``object_store.Pack``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def data(self) -> memoryview: ...
+
+
+Pack = TypeVar("Pack", bound=Cached)
+
+OWNED_THREADS = 64  # threads whose newest head's packs are known (the threads in use)
+
+
+def held(pack: Cached) -> int:
+    """The bytes a cached pack holds in memory: its plain body (a compressed pack's is bigger
+    than the stored pack, by its compression ratio), or the stored bytes."""
+    return max(pack.size, pack.data.nbytes)
+
+
+class PackCache(Generic[Pack]):
+    """Packs by id, least recently used first, at most ``limit`` bytes (see the module)."""
+
+    def __init__(self, limit: int, on_release: Callable[[list[str]], None] | None = None
+                 ) -> None:
+        self.on_release = on_release  # told the packs no tracked thread names any more
+        self.packs: OrderedDict[str, Pack] = OrderedDict()
+        self.bytes = 0
+        self.limit = limit
+        self.lock = threading.Lock()
+        self._owners: OrderedDict[str, frozenset[str]] = OrderedDict()  # thread -> its packs
+        self._uses: dict[str, int] = {}  # pack id -> how many tracked threads name it
+
+    def remember(self, pack: Pack) -> None:
+        with self.lock:
+            if pack.id in self.packs:
+                self.packs.move_to_end(pack.id)
+                return
+            self.packs[pack.id] = pack
+            self.bytes += held(pack)
+            while self.bytes > self.limit and len(self.packs) > 1:
+                _, old = self.packs.popitem(last=False)
+                self.bytes -= held(old)
+
+    def get(self, pid: str) -> Pack | None:
+        with self.lock:
+            pack = self.packs.get(pid)
+            if pack is not None:
+                self.packs.move_to_end(pid)
+            return pack
+
+    def forget(self, pids: Iterable[str]) -> None:
+        with self.lock:
+            self._drop(pids)
+
+    def _drop(self, pids: Iterable[str]) -> None:
+        for pid in pids:
+            pack = self.packs.pop(pid, None)
+            if pack is not None:
+                self.bytes -= held(pack)
+
+    def own(self, head: Head) -> None:
+        """``head`` is its thread's newest head this object knows of: the packs it names are
+        the thread's; those its previous head named and it does not, and those of a thread
+        no longer among the ``OWNED_THREADS`` used last, are let go of unless another tracked
+        thread names them."""
+        thread, pids = head.thread_id, frozenset(p.id for p in head.packs)
+        gone: list[str] = []
+        with self.lock:
+            old = self._owners.pop(thread, frozenset())
+            self._owners[thread] = pids
+            if old != pids:
+                self._release(old - pids, gone)
+                self._add(pids - old)
+            while len(self._owners) > OWNED_THREADS:
+                self._release(self._owners.popitem(last=False)[1], gone)
+        if gone and self.on_release is not None:
+            self.on_release(gone)
+
+    def _add(self, pids: Iterable[str]) -> None:
+        uses = self._uses
+        for pid in pids:
+            uses[pid] = uses.get(pid, 0) + 1
+
+    def _release(self, pids: Iterable[str], gone: list[str]) -> None:
+        uses, start = self._uses, len(gone)
+        for pid in pids:
+            n = uses.get(pid, 0) - 1
+            if n > 0:
+                uses[pid] = n
+            else:
+                uses.pop(pid, None)
+                gone.append(pid)
+        self._drop(gone[start:])

@@ -1,0 +1,296 @@
+"""Steps: the store's logic as generators that yield storage requests (``Op``) and receive their
+results, run by a sync driver (``run``) or an async one (``arun``).
+Rule: nothing in a step blocks or awaits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cas_checkpoint.backends.base import Backend
+
+T = TypeVar("T")
+
+Step = Generator["Op", Any, T]
+"""An operation: yields requests, receives their results, returns a ``T``."""
+
+
+class Op:
+    """A request for storage. ``commit`` marks the requests that make an operation land."""
+
+    __slots__ = ()
+    commit = False
+
+    def sync(self, backend: Backend) -> Any:  # pragma: no cover - every Op overrides it
+        raise NotImplementedError
+
+    async def run(self, backend: Backend) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class GetMany(Op):
+    """Bytes of several keys, read concurrently: ``{key: bytes or None}``."""
+
+    keys: list[str]
+
+    def sync(self, backend: Backend) -> dict[str, bytes | None]:
+        return backend.get_many(self.keys)
+
+    async def run(self, backend: Backend) -> dict[str, bytes | None]:
+        return await backend.aget_many(self.keys)
+
+
+@dataclass(slots=True)
+class PutMany(Op):
+    """Create keys that do not exist (immutable objects); refresh the modified time of those
+    that do."""
+
+    items: dict[str, bytes]
+
+    def sync(self, backend: Backend) -> None:
+        backend.put_many(self.items)
+
+    async def run(self, backend: Backend) -> None:
+        await backend.aput_many(self.items)
+
+
+@dataclass(slots=True)
+class ReadRef(Op):
+    """``(bytes, version)`` of a ref, or None."""
+
+    key: str
+
+    def sync(self, backend: Backend) -> tuple[bytes, str] | None:
+        return backend.read_ref(self.key)
+
+    async def run(self, backend: Backend) -> tuple[bytes, str] | None:
+        return await backend.aread_ref(self.key)
+
+
+@dataclass(slots=True)
+class ReadRefs(Op):
+    """Several refs, read concurrently: a list of ``(bytes, version)`` or None."""
+
+    keys: list[str]
+
+    def sync(self, backend: Backend) -> list[tuple[bytes, str] | None]:
+        return backend.read_refs(self.keys)
+
+    async def run(self, backend: Backend) -> list[tuple[bytes, str] | None]:
+        return await backend.aread_refs(self.keys)
+
+
+@dataclass(slots=True)
+class WriteRef(Op):
+    """Compare-and-swap a ref; returns its new version or raises RefMismatch."""
+
+    key: str
+    data: bytes
+    expected: str | None
+    refresh: Callable[[], None] | None = None
+    commit = True
+
+    def sync(self, backend: Backend) -> str:
+        return backend.write_ref(self.key, self.data, self.expected, refresh=self.refresh)
+
+    async def run(self, backend: Backend) -> str:
+        return await backend.awrite_ref(self.key, self.data, self.expected, self.refresh)
+
+
+@dataclass(slots=True)
+class DeleteRef(Op):
+    """Delete a ref if it has the expected version; RefMismatch otherwise."""
+
+    key: str
+    expected: str
+    commit = True
+
+    def sync(self, backend: Backend) -> None:
+        backend.delete_ref(self.key, self.expected)
+
+    async def run(self, backend: Backend) -> None:
+        await backend.adelete_ref(self.key, self.expected)
+
+
+@dataclass(slots=True)
+class List(Op):
+    """Every key under a prefix (``ObjectInfo``s)."""
+
+    prefix: str
+
+    def sync(self, backend: Backend) -> Any:
+        return backend.list(self.prefix)
+
+    async def run(self, backend: Backend) -> Any:
+        return await backend.alist(self.prefix)
+
+
+@dataclass(slots=True)
+class ListMany(Op):
+    """Every key under each of several prefixes, listed concurrently."""
+
+    prefixes: list[str]
+
+    def sync(self, backend: Backend) -> Any:
+        return list(backend.list_many(self.prefixes))
+
+    async def run(self, backend: Backend) -> Any:
+        return await backend.alist_many(self.prefixes)
+
+
+@dataclass(slots=True)
+class DeleteMany(Op):
+    """Delete keys; returns the keys the storage refused to delete."""
+
+    keys: list[str]
+
+    def sync(self, backend: Backend) -> list[str]:
+        return backend.delete_many(self.keys)
+
+    async def run(self, backend: Backend) -> list[str]:
+        return await backend.adelete_many(self.keys)
+
+
+@dataclass(slots=True)
+class Sleep(Op):
+    """Wait (between attempts after a lost race)."""
+
+    seconds: float
+
+    def sync(self, backend: Backend) -> None:
+        time.sleep(self.seconds)
+
+    async def run(self, backend: Backend) -> None:
+        import asyncio
+
+        await asyncio.sleep(self.seconds)
+
+
+@dataclass(slots=True)
+class Blocking(Op):
+    """A blocking call on local disk (gc's sweep of a local store): run as it is by the sync
+    driver, on the backend's thread pool by the async one."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    def sync(self, backend: Backend) -> Any:
+        return self.fn(*self.args)
+
+    async def run(self, backend: Backend) -> Any:
+        return await backend.run_blocking(self.fn, *self.args)
+
+
+# --- small helpers for generator code ---------------------------------------------------------
+
+
+def get_many(keys: Iterable[str]) -> Step[dict[str, bytes | None]]:
+    got: dict[str, bytes | None] = yield GetMany(list(keys))
+    return got
+
+
+def done(value: T) -> Step[T]:
+    """A step that does no I/O (for a branch of generator code that needs none)."""
+    return value
+    yield  # pragma: no cover - makes this a generator
+
+
+# --- drivers -----------------------------------------------------------------------------------
+
+
+def run(step: Step[T], backend: Backend) -> T:
+    """Carry ``step`` out with the backend's sync methods."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = step.send(value) if error is None else step.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value = error = None
+        try:
+            value = op.sync(backend)
+        except Exception as exc:
+            error = exc
+
+
+def landed(exc: BaseException) -> Any:
+    """What an operation cancelled after its commit returned (a save: its ``CheckpointInfo``),
+    or None if it was cancelled before it could land."""
+    return getattr(exc, "cas_result", None)
+
+
+def _start(step: Step[Any]) -> tuple[Op | None, Any]:
+    """The step's first request (or its result when it makes none), computed where called."""
+    try:
+        return step.send(None), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
+    """Carry ``step`` out on the running event loop with the backend's async methods (see the
+    module docstring for what cancellation does). With ``offload``, the step's work before its
+    first request (a save's encoding and hashing) runs on the backend's thread pool (none for
+    memory://), so a large state does not hold the loop."""
+    import asyncio  # (here: a process that never awaits a store does not import asyncio)
+
+    value: Any = None
+    error: BaseException | None = None
+    committing = False
+    cancelled: asyncio.CancelledError | None = None
+    first: Op | None = None
+    if offload:
+        first, result = await backend.run_blocking(_start, step)
+        if first is None:
+            return result  # type: ignore[no-any-return]
+    while True:
+        try:
+            if first is not None:
+                op, first = first, None
+            else:
+                op = step.send(value) if error is None else step.throw(error)
+        except StopIteration as stop:
+            if cancelled is not None:
+                cancelled.cas_result = stop.value  # type: ignore[attr-defined]
+                raise cancelled from None
+            return stop.value  # type: ignore[no-any-return]
+        except Exception:
+            if cancelled is not None:
+                raise cancelled from None
+            raise
+        value = error = None
+        committing = committing or op.commit
+        if not committing:
+            try:
+                value = await op.run(backend)
+            except asyncio.CancelledError:
+                step.close()
+                raise
+            except Exception as exc:
+                error = exc
+            continue
+        # Committing: this request and the rest of the operation finish even if the caller is
+        # cancelled meanwhile; the cancellation is raised once they have.
+        task = asyncio.ensure_future(op.run(backend))
+        while True:
+            try:
+                value = await asyncio.shield(task)
+                break
+            except asyncio.CancelledError as exc:
+                if task.done() and task.cancelled():
+                    step.close()
+                    raise
+                cancelled = cancelled or exc
+                if task.done():
+                    try:
+                        value = task.result()
+                    except Exception as failure:
+                        error = failure
+                    break
+            except Exception as exc:
+                error = exc
+                break

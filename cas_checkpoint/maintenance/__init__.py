@@ -1,0 +1,1 @@
+"""Keeping a store: retention, repack, gc, rekey, stats and verify, as steps."""

@@ -1,0 +1,127 @@
+"""The store's maintenance, as steps: verify, prune, repack, gc and the sizes (storage bytes,
+stats), over the engine (``Core``) of a store object: what both faces drive."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from cas_checkpoint.backends import Backend, ObjectInfo
+from cas_checkpoint.engine import retention
+from cas_checkpoint.engine.core import Core
+from cas_checkpoint.engine.model import StoreStats
+from cas_checkpoint.engine.object_store import ObjectStore
+from cas_checkpoint.engine.refs import Ref, RefStore
+from cas_checkpoint.engine.steps import List, Step
+from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.objects import LogEntry
+from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import repack as repackmod
+from cas_checkpoint.maintenance import stats as usage
+from cas_checkpoint.maintenance.repack import RepackReport
+from cas_checkpoint.maintenance.verify import verify as verify_step
+from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
+
+log = logging.getLogger("cas_checkpoint")
+
+
+class Maintenance:
+    """The maintenance steps of the store object whose engine is ``core``."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.backend: Backend = core.backend
+        self.objects: ObjectStore = core.objects
+        self.refs: RefStore = core.refs
+
+    # --- audit, retention, garbage collection ---
+
+    def verify(self, *, deep: bool = True, sample: float | None = None,
+               thread_id: str | None = None, progress: Progress | None = None
+               ) -> Step[VerifyReport]:
+        return (yield from verify_step(self.backend, self.refs, deep=deep, sample=sample,
+                                       thread_id=thread_id, progress=progress))
+
+    def _targets(self, thread_id: str | None) -> Step[list[str]]:
+        if thread_id is None:
+            return (yield from self.refs.threads())
+        yield from self.core.ref(thread_id)
+        return [thread_id]
+
+    def prune(self, thread_id: str | None = None, *, keep_last: int | None = None,
+              older_than: timedelta | None = None, keep_labeled: bool = True,
+              keep_tags: Iterable[str] = (), dry_run: bool = False
+              ) -> Step[retention.PruneReport]:
+        retention.check_policy(keep_last, older_than)
+        threads = yield from self._targets(thread_id)
+        report = yield from retention.prune(self.refs, threads, keep_last=keep_last,
+                                        older_than=older_than, keep_labeled=keep_labeled,
+                                        dry_run=dry_run, keep_tags=keep_tags)
+        for t in report.threads:
+            self.core.forget_thread(t, ref_only=True)
+        if report.removed:
+            log.info("prune %s", report.to_text().replace("\n", "; "))
+        return report
+
+    def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
+               dry_run: bool = False) -> Step[RepackReport]:
+        threads = yield from self._targets(thread_id)
+        report = yield from repackmod.repack(self.refs, threads, min_garbage=min_garbage,
+                                             dry_run=dry_run)
+        for t in report.threads:
+            if t.repacked:
+                self.core.forget_thread(t.thread_id)
+        log.info("%s", report.to_text())
+        return report
+
+    def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
+           progress: gcmod.GCProgress | None = None, force: bool = False,
+           repack: bool = False, min_garbage: float = 0.25) -> Step[gcmod.GCReport]:
+        gcmod.check_grace(self.backend, grace, force)  # every argument, before any change
+        if not isinstance(repack, bool) or not isinstance(dry_run, bool):
+            raise InvalidArgumentError(f"repack and dry_run must be True or False, not "
+                                       f"{repack!r} and {dry_run!r}")
+        repackmod.check(min_garbage)
+        repacked = (yield from self.repack(min_garbage=min_garbage, dry_run=dry_run)
+                    ) if repack else None
+        report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
+                                          progress=progress, force=force, repacked=repacked)
+        report.repack = repacked
+        if not dry_run:
+            self.objects.forget(report.deleted)
+        log.info("%s", report.to_text())
+        return report
+
+    # --- sizes ---
+
+    def storage_bytes(self) -> Step[int]:
+        packs: list[ObjectInfo] = yield List("packs")
+        refs: list[ObjectInfo] = yield List("refs")
+        return sum(i.size for i in packs) + sum(i.size for i in refs)
+
+    def stats(self, by_thread: bool = False) -> Step[StoreStats]:
+        if not isinstance(by_thread, bool):
+            raise InvalidArgumentError(f"by_thread must be True or False, not {by_thread!r}")
+        sizes: dict[str, int] = {}
+        logs: dict[str, list[LogEntry]] = {}
+        threads = yield from self.core.all_refs()
+        for thread, ref in threads:
+            if ref is not None:
+                logs[thread] = yield from self.refs.entries(ref.head)
+                sizes.update((e.id, e.size) for e in logs[thread])
+        objects: list[ObjectInfo] = yield List("packs")
+        refs: list[ObjectInfo] = yield List("refs")
+        physical = sum(i.size for i in objects) + sum(i.size for i in refs)
+        logical = sum(sizes.values())
+
+        def head_state(thread: str, ref: Ref) -> Step[Any]:
+            return (yield from self.core.load_ref(thread, ref, None)).state
+
+        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
+               ) if by_thread else {}
+        return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
+                          logical / physical if physical else 0.0, self.objects.hits,
+                          self.objects.misses, per)
+

@@ -1,0 +1,1 @@
+"""Reading states apart: walk a state's tree, diff two states, search values."""

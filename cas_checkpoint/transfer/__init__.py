@@ -1,0 +1,1 @@
+"""Moving threads between stores: bundles, copies and the receiving end."""

@@ -1,0 +1,1 @@
+"""A state <-> a tree of content-addressed nodes (structural sharing), pure."""
