@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore
-from cas_checkpoint.engine import staging
+from cas_checkpoint.engine import archive, staging
 from cas_checkpoint.format.heads import Head, PackRef
 from cas_checkpoint.format.objects import ObjectId, object_id
 from cas_checkpoint.format.pack import decode_pack
@@ -70,7 +70,8 @@ def test_early_merges_keep_every_object_and_rewrite_small_packs() -> None:
     store: dict[ObjectId, bytes] = {}
     _, _, head = _grow(1500, (), store)
     held: set[ObjectId] = set()
-    for p in head.packs:
+    listed = () if head.archive is None else archive.of_pack(decode_pack(store[head.archive.id]))
+    for p in (*head.packs, *listed):  # (the head's packs, and its archive's: archive.py)
         held |= set(decode_pack(store[p.id]))
     assert held == {oid for n in range(1, 1501) for oid in _objects(n)}
     # levels do not rise toward the newest pack: the newest packs are the small ones

@@ -16,7 +16,7 @@ from cas_checkpoint.tree import build as tree
 
 
 def _no_view(monkeypatch: pytest.MonkeyPatch) -> None:
-    def view(self: ObjectStore, head: Any) -> Any:
+    def view(self: ObjectStore, head: Any, recent: bool = False) -> Any:
         raise AssertionError("a warm load built a view")
         yield  # pragma: no cover - a step
 

@@ -13,6 +13,7 @@ from typing import Any
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import commit as group
 from cas_checkpoint.engine import model, retention, settings
+from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.caches import Known, Remembered, Threads
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
 from cas_checkpoint.engine.object_store import ObjectStore, View
@@ -28,7 +29,7 @@ from cas_checkpoint.errors import (
 )
 from cas_checkpoint.format import codec
 from cas_checkpoint.format.codec import TypeRegistry
-from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.heads import Head, named
 from cas_checkpoint.format.objects import (
     CheckpointId,
     LogEntry,
@@ -198,7 +199,17 @@ class Core:
         head = ref.head
         cid = head.head if checkpoint_id is None else checkpoint_id
         assert cid is not None
-        view: View = yield from self.objects.view(head)
+        # the newest state is in the head's own packs (a long thread's archive: only if not)
+        view: View = yield from self.objects.view(head, recent=cid == head.head)
+        try:
+            return self._load_view(thread_id, ref, checkpoint_id, cid, view)
+        except InArchive:
+            view = yield from self.objects.view(head)
+            return self._load_view(thread_id, ref, checkpoint_id, cid, view)
+
+    def _load_view(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None,
+                   cid: CheckpointId, view: View) -> Checkpoint:
+        head = ref.head
         if checkpoint_id is not None and cid != head.head:
             self._entry(thread_id, head, view, cid)
         elif all(e.id != cid for e in head.tail):  # a head edited to point outside its log
@@ -208,7 +219,7 @@ class Core:
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
             except NotFoundError as exc:
-                if "is not in thread" in str(exc):
+                if isinstance(exc, InArchive) or "is not in thread" in str(exc):
                     raise
                 log.warning("thread %r: cannot check its head against its log: %s", thread_id,
                             exc)
@@ -289,9 +300,9 @@ class Core:
         keep its state's encoding for the next)."""
         try:
             record = Record.decode(view.get(cid))
-        except NotFoundError:
-            if view.unreadable:  # (the error names the pack it may be in)
-                raise
+        except NotFoundError as exc:
+            if view.unreadable or isinstance(exc, InArchive):  # (the error names the pack it
+                raise  # may be in; or the archive that the reader reads next)
             raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}") from None
         if newest:  # the head's checkpoint, after every check load makes: for warm loads
             self._warm.newest(view.head.thread_id, view.head, record)
@@ -334,8 +345,15 @@ class Core:
             return limit is not None and len(out) >= limit
 
         if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
-            view = yield from self.refs.view(head)
-            take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+            view = yield from self.refs.view(head, recent=True)  # (the newest entries)
+            done, skipped = len(out), skipping
+            try:
+                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+            except InArchive:  # older entries, in a long thread's archive: read it too
+                del out[done:]
+                skipping = skipped
+                view = yield from self.refs.view(head)
+                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
         if skipping:
             raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
         return out
@@ -391,17 +409,24 @@ class Core:
                 keep.add(c)
                 todo.extend(by_id[c].parents)
         kept = [e for e in entries if e.id in keep]
+        if (yield from self.refs.read(new_thread_id)) is not None:
+            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
+                                       "fork into another name")
+        # the packs the fork will name, marked held in the source (its writers never delete
+        # them: collect.py); when the source moved meanwhile, its newer head holds the same
+        held = (yield from self.refs.hold(thread_id)).head
+        if held.packs != src.packs or held.archive != src.archive:
+            src = held
+            view = yield from self.objects.view(src)
+            view.check_checkpoint(cid)
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             new: dict[ObjectId, bytes] = {}
             base = Head(new_thread_id, None, packs=src.packs, inline=src.inline,
-                        lineage=new_lineage())
+                        lineage=new_lineage(), archive=src.archive, held=named(src))
             head = build(base, kept, cid, new)
             return head, (yield from self.refs.missing(src, new))
 
-        if (yield from self.refs.read(new_thread_id)) is not None:
-            raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it or "
-                                       "fork into another name")
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,
                                           current=None)
         if ref is not None:  # the fork holds what its source held: a save need not resend it
@@ -413,14 +438,15 @@ class Core:
         """``new_thread_id`` holding exactly what ``thread_id`` holds (every checkpoint, its head,
         its packs): no state is copied. The new thread must not exist."""
         thread_key(new_thread_id)
-        src = (yield from self.ref(thread_id)).head
+        yield from self.ref(thread_id)
+        src = (yield from self.refs.hold(thread_id)).head  # (its packs held: collect.py)
 
         def change(ref: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             if ref is not None:
                 raise InvalidArgumentError(f"thread {new_thread_id!r} already exists; delete it "
                                            "or copy into another name")
             return Head(new_thread_id, src.head, src.head_step, src.peaks, src.tail, src.packs,
-                        src.inline, new_lineage()), {}
+                        src.inline, new_lineage(), src.archive, named(src)), {}
             yield  # pragma: no cover - a step
 
         ref = yield from self.refs.update(new_thread_id, change, expected_head=None,

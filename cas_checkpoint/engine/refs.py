@@ -9,17 +9,28 @@ import logging
 import random
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import blake3
 
 from cas_checkpoint.backends import Backend, RefMismatch
 from cas_checkpoint.backends.sealed import SealedBackend
-from cas_checkpoint.engine import staging
-from cas_checkpoint.engine.object_store import NeedPacks, ObjectStore, Pack, View
-from cas_checkpoint.engine.steps import DeleteRef, List, ReadRef, ReadRefs, Sleep, Step, WriteRef
+from cas_checkpoint.engine import collect, staging
+from cas_checkpoint.engine.archive import InArchive
+from cas_checkpoint.engine.object_store import NeedPacks, ObjectStore, Pack, View, pack_key
+from cas_checkpoint.engine.steps import (
+    DeleteMany,
+    DeleteRef,
+    List,
+    ReadRef,
+    ReadRefs,
+    Sleep,
+    Step,
+    WriteRef,
+)
 from cas_checkpoint.errors import (
+    CasError,
     ConflictError,
     FormatError,
     IntegrityError,
@@ -27,7 +38,7 @@ from cas_checkpoint.errors import (
     NotFoundError,
     StorageError,
 )
-from cas_checkpoint.format.heads import MAX_HEAD_BYTES, Head, Peak
+from cas_checkpoint.format.heads import MAX_HEAD_BYTES, Head, Peak, named
 from cas_checkpoint.format.objects import CheckpointId, LogEntry, ObjectId, Segment, object_id
 from cas_checkpoint.format.sealing import is_sealed_key
 
@@ -165,19 +176,19 @@ def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
             peaks = peaks[:-FANOUT] + (Peak(oid, group[0].level + 1,
                                             sum(p.count for p in group)),)
     return Head(head.thread_id, entry.id, entry.step, peaks, tail, head.packs, head.inline,
-                head.lineage)
+                head.lineage, head.archive, head.held)
 
 
 def build(base: Head, entries: list[LogEntry], head_id: CheckpointId | None,
           new: dict[ObjectId, bytes]) -> Head:
     """A head holding exactly ``entries`` (in order), with ``head_id`` as its head, and the
-    thread id, packs, inline objects and lineage of ``base``."""
+    thread id, packs, inline objects, lineage, archive and held packs of ``base``."""
     head = Head(base.thread_id, None)
     for entry in entries:
         head = append(head, entry, new)
     step = next((e.step for e in entries if e.id == head_id), -1)
     return Head(base.thread_id, head_id if step >= 0 else None, step, head.peaks, head.tail,
-                base.packs, base.inline, base.lineage)
+                base.packs, base.inline, base.lineage, base.archive, base.held)
 
 
 def _same(a: Ref | None, b: Ref | None) -> bool:
@@ -194,6 +205,10 @@ class RefStore:
         self.backend = backend
         self.objects = objects
         self.inline_max = inline_max
+        # seconds after which a writer deletes the packs its commits stopped naming (None:
+        # never, gc does); collect.py
+        self.collect_after: float | None = collect.GRACE
+        self.collector = collect.Collector()
         self._decoded: dict[str, tuple[bytes, Head]] = {}  # per ref key: last bytes and head
 
     def decode(self, thread_id: str, key: str, got: tuple[bytes, str] | None) -> Ref | None:
@@ -274,11 +289,12 @@ class RefStore:
                     out.append(long_id)
         return sorted(out)
 
-    def view(self, head: Head) -> Step[View | None]:
-        """The view a head's log needs (None when all of it is in the head)."""
+    def view(self, head: Head, recent: bool = False) -> Step[View | None]:
+        """The view a head's log needs (None when all of it is in the head); ``recent``:
+        ``ObjectStore.view``'s."""
         if not head.peaks:
             return None
-        view: View = yield from self.objects.view(head)
+        view: View = yield from self.objects.view(head, recent)
         return view
 
     def iter_newest_first(self, head: Head, view: View | None) -> Iterator[LogEntry]:
@@ -328,8 +344,8 @@ class RefStore:
         of its segments)."""
         if not new:
             return new
-        view: View = yield from self.objects.view(head)
-        have = view.frozen_ids()
+        view: View = yield from self.objects.view(head, recent=True)  # (what a long thread's
+        have = view.frozen_ids()  # archive holds too is written again: a copy does no harm)
         return {k: v for k, v in new.items() if k not in have}
 
     def rebuilt(self, base: Head, entries: list[LogEntry], head_id: CheckpointId | None
@@ -345,12 +361,18 @@ class RefStore:
         """Whether the log of ``head`` has ``entry``: read newest first, stopping at the entry's
         parent or at ``base``, the head the entry was appended to (it would come before
         either). Without them (an entry with no parents, on a new thread) the whole log is
-        read."""
-        for seen in (yield from self.newest_first(head)):
-            if seen.id == entry.id:
-                return True
-            if seen.id == base or seen.id in entry.parents:
-                return False
+        read. (The head's own packs first: a long thread's archive only if they end first.)"""
+        for recent in (True, False):
+            view = yield from self.view(head, recent)
+            try:
+                for seen in self.iter_newest_first(head, view):
+                    if seen.id == entry.id:
+                        return True
+                    if seen.id == base or seen.id in entry.parents:
+                        return False
+            except InArchive:
+                continue
+            return False
         return False
 
     def entries(self, head: Head) -> Step[list[LogEntry]]:
@@ -462,6 +484,11 @@ class RefStore:
                 self.objects.cache.own(new_head)  # (what it replaced is let go of)
                 if self.objects.shared is not None:  # nor by other objects of this store
                     self.objects.shared.keep_head(key, data, new_head)
+                self.collector.committed(ref.head if ref else None, new_head,
+                                         self.collect_after)
+                ripe = self.collector.ripe(self.collect_after)
+                if ripe:  # packs commits stopped naming a grace period ago: collect.py
+                    yield from self._delete_packs(ripe)
                 return Ref(new_head, version)
             except RefMismatch:
                 log.debug("ref %s moved under us (attempt %d); re-reading", key, attempt + 1)
@@ -475,6 +502,38 @@ class RefStore:
             f"thread {thread_id!r}: gave up after {RETRIES} lost compare-and-swap races; too many "
             "writers on one thread at once. Retry later or spread the writers over threads."
         )
+
+    def _delete_packs(self, pids: list[ObjectId]) -> Step[None]:
+        """Delete packs no head of this thread names (its merges' parts); a failure leaves
+        them to gc."""
+        try:
+            yield DeleteMany([pack_key(p) for p in pids])
+        except CasError as exc:
+            log.warning("could not delete %d replaced packs (gc will): %s", len(pids), exc)
+        self.objects.forget(pids)
+
+    def hold(self, thread_id: str) -> Step[Ref]:
+        """The thread's ref, its packs marked held (a fork, a copy or an import is about to
+        name them too: its writers never delete them; collect.py)."""
+        def missing() -> NotFoundError:
+            return NotFoundError(f"thread {thread_id!r} does not exist; threads() lists the "
+                                 "threads there are")
+
+        ref = yield from self.read(thread_id)
+        if ref is None or ref.head.head is None:
+            raise missing()
+        if named(ref.head) <= ref.head.held:
+            return ref
+
+        def change(cur: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if cur is None or cur.head.head is None:
+                raise missing()
+            return replace(cur.head, held=cur.head.held | named(cur.head)), {}
+            yield  # pragma: no cover - a step
+
+        got = yield from self.update(thread_id, change, current=ref)
+        assert got is not None
+        return got
 
     def _stage(self, head: Head, new: dict[ObjectId, bytes],
                contents: dict[ObjectId, tuple[ObjectId, ...]] | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from cas_checkpoint.engine.archive import ARCHIVE_LEVEL, MAX_ARCHIVED, listing, of_pack
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.heads import Head, PackRef
 from cas_checkpoint.format.objects import ObjectId, inline_id, object_id
@@ -102,11 +103,36 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         plains[ref.id] = plain
         fresh[ref.id] = merged
         packs[start:end] = [ref]
+    archive = head.archive
+    if sealer is None and not isinstance(compressor, Sealing):  # (see archive.py)
+        archive = _archive(packs, archive, fresh, read, written, plains, compressor)
     if contents is not None:
         contents.update((pid, tuple(fresh[pid])) for pid in written)
     if opened is not None:
         opened.update(plains)
-    return _with(head, tuple(packs), ()), written
+    return _with(head, tuple(packs), (), archive), written
+
+
+def _archive(packs: list[PackRef], archive: PackRef | None,
+             fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]], read: PackReader,
+             written: dict[ObjectId, bytes], plains: dict[ObjectId, bytes],
+             compressor: Zstd | None) -> PackRef | None:
+    """Move every pack of ``ARCHIVE_LEVEL`` or above but the newest out of ``packs`` (in
+    place) into a new archive (written, with its listing pack, into ``written``); returns the
+    archive the head names (``archive``, when nothing moved)."""
+    top = [p for p in packs if p.level >= ARCHIVE_LEVEL]
+    if len(top) < 2:
+        return archive
+    leaving = top[:-1]
+    old = () if archive is None else of_pack(_read([archive], fresh, read)[archive.id])
+    if len(old) + len(leaving) > MAX_ARCHIVED:
+        return archive  # (a thread of ~10^9 saves: its head names more packs from here on)
+    objects = listing([*old, *leaving])
+    ref, data, plain = make_packs(objects, 0, compressor)
+    written[ref.id], plains[ref.id], fresh[ref.id] = data, plain, objects
+    gone = set(leaving)
+    packs[:] = [p for p in packs if p not in gone]
+    return ref
 
 
 _STAGED: dict[int, tuple[tuple[bytes, ...], dict[ObjectId, bytes]]] = {}
@@ -157,6 +183,14 @@ def _read(group: list[PackRef], fresh: Mapping[ObjectId, Mapping[ObjectId, bytes
     return out
 
 
-def _with(head: Head, packs: tuple[PackRef, ...], inline: tuple[bytes, ...]) -> Head:
+def _with(head: Head, packs: tuple[PackRef, ...], inline: tuple[bytes, ...],
+          archive: PackRef | None = None) -> Head:
+    """``head`` naming ``packs``, ``inline`` and ``archive``; of its held packs, those it
+    still names (collect.py)."""
+    archive = head.archive if archive is None else archive
+    held = head.held
+    if held:
+        named = {p.id for p in packs} | ({archive.id} if archive is not None else set())
+        held = frozenset(held & named)
     return Head(head.thread_id, head.head, head.head_step, head.peaks, head.tail, packs, inline,
-                head.lineage)
+                head.lineage, archive, held)

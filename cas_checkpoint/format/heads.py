@@ -1,5 +1,9 @@
 """A thread's head (kind ``H``): the mutable ref of one thread, and the packs (``PackRef``) and
-segment trees (``Peak``) it names, with their byte encoding. Pure code."""
+segment trees (``Peak``) it names, with their byte encoding. Pure code.
+
+A long thread's head also names its archive (key ``a``: engine/archive.py) and the packs it
+shares with another thread's ref (key ``x``: engine/collect.py); a head without them has the
+eight keys it always had."""
 
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ def _packed_ref(ref: PackRef) -> bytes:
 
 
 MAX_HEAD_BYTES = 4 << 20  # a ref larger than this is refused before it is read whole
+MAX_HELD = 256  # packs a head marks as shared with another thread's ref (it names <= ~16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +85,20 @@ class Head:
     packs: tuple[PackRef, ...] = ()
     inline: tuple[bytes, ...] = ()
     lineage: bytes = b""
+    archive: PackRef | None = None  # the pack listing the archived packs (archive.py)
+    # packs it names that another thread's ref may name too (a fork's, a copy's, an
+    # import's): its writers never delete them once they stop naming them (collect.py)
+    held: frozenset[ObjectId] = frozenset()
 
     @property
     def count(self) -> int:
         return sum(p.count for p in self.peaks) + len(self.tail)
 
     def storage(self, base: Head) -> Head:
-        """This head with the packs, inline objects and lineage of ``base``."""
+        """This head with the packs, inline objects, lineage, archive and held packs of
+        ``base``."""
         return Head(self.thread_id, self.head, self.head_step, self.peaks, self.tail,
-                    base.packs, base.inline, base.lineage)
+                    base.packs, base.inline, base.lineage, base.archive, base.held)
 
     def encode(self) -> bytes:
         # The bytes of msgpack.packb({"t": ..., "h": ..., "s": ..., "p": ..., "e": ..., "k":
@@ -101,7 +111,16 @@ class Head:
             use_bin_type=True)
         last: bytes = msgpack.packb(["i", list(self.inline), "g", self.lineage],
                                     use_bin_type=True)
-        body = b"".join((b"\x88", first[1:], b"\xa1e", _packed_entries(self.tail), b"\xa1k",
+        keys = 8  # (keys a and x only in a head that has them: archive.py, collect.py)
+        if self.archive is not None:
+            last += b"\xa1a" + _packed_ref(self.archive)
+            keys += 1
+        if self.held:
+            last += b"\xa1x" + msgpack.packb([_bin_id(p) for p in sorted(self.held)],
+                                             use_bin_type=True)
+            keys += 1
+        body = b"".join((bytes([0x80 + keys]), first[1:], b"\xa1e",
+                         _packed_entries(self.tail), b"\xa1k",
                          _list_header(len(self.packs)), *map(_packed_ref, self.packs),
                          last[1:]))
         global _ENCODED
@@ -133,8 +152,9 @@ class Head:
                                   use_list=True)
         except Exception as exc:
             raise _bad(f"cannot decode thread head: {exc}") from None
-        if not isinstance(raw, dict) or set(raw) != {"t", "h", "s", "p", "e", "k", "i", "g"}:
-            raise _bad("head must be a map with keys t,h,s,p,e,k,i,g")
+        if not isinstance(raw, dict) or set(raw) - {"a", "x"} != {
+                "t", "h", "s", "p", "e", "k", "i", "g"}:
+            raise _bad("head must be a map with keys t,h,s,p,e,k,i,g (and a, x)")
         thread, head, peaks, tail = raw["t"], raw["h"], raw["p"], raw["e"]
         step, packs, inline, lineage = raw["s"], raw["k"], raw["i"], raw["g"]
         if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step < MAX_STEP:
@@ -154,12 +174,11 @@ class Head:
                     or not p[1] < 64):
                 raise _bad("head peak must be [32-byte id, level, count]")
             out.append(Peak(ObjectId(p[0].hex()), p[1], p[2]))
-        refs = []
-        for p in packs:
-            if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
-                    or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
-                raise _bad("head pack must be [32-byte id, level, size, count]")
-            refs.append(PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3]))
+        refs = [_pack_ref(p) for p in packs]
+        archive = _pack_ref(raw["a"]) if "a" in raw else None
+        held = raw.get("x", [])
+        if not isinstance(held, list) or len(held) > MAX_HELD or not all(map(_id32, held)):
+            raise _bad(f"head held packs must be a list of at most {MAX_HELD} 32-byte ids")
         if not all(isinstance(o, bytes) for o in inline):
             raise _bad("head inline objects must be byte strings")
         return Head(
@@ -171,7 +190,17 @@ class Head:
             tuple(refs),
             tuple(inline),
             lineage,
+            archive,
+            frozenset(ObjectId(h.hex()) for h in held),
         )
+
+
+def named(head: Head) -> frozenset[ObjectId]:
+    """The packs ``head`` names itself: its packs and its archive's pack."""
+    out = {p.id for p in head.packs}
+    if head.archive is not None:
+        out.add(head.archive.id)
+    return frozenset(out)
 
 
 _ENCODED: tuple[bytes, tuple[PackRef, ...]] = (b"", ())  # the last head encoded, its packs
@@ -186,6 +215,17 @@ def packs_of(data: bytes, path: str = "ref") -> tuple[PackRef, ...]:
     if last[0] is data:
         return last[1]
     return Head.decode(data, path).packs
+
+
+def _pack_ref(p: object) -> PackRef:
+    if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
+            or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
+        raise _bad("head pack must be [32-byte id, level, size, count]")
+    return PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3])
+
+
+def _id32(v: object) -> bool:
+    return isinstance(v, bytes) and len(v) == 32
 
 
 def _count(v: object) -> bool:

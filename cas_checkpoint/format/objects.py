@@ -22,7 +22,9 @@ from cas_checkpoint.format.placeholders import read_varint, varint
 
 VERSION = 3  # 3: packs, heads with a checksum, inline objects and pack lists
 NODE, RECORD, SEGMENT, HEAD, PACK = b"N", b"C", b"L", b"H", b"P"
-_HEADERS = {k: b"CAS" + k + bytes([VERSION]) for k in (NODE, RECORD, SEGMENT, HEAD, PACK)}
+ARCHIVE = b"A"  # a long thread's list of archived packs (archive.py)
+_HEADERS = {k: b"CAS" + k + bytes([VERSION])
+            for k in (NODE, RECORD, SEGMENT, HEAD, PACK, ARCHIVE)}
 MAX_META_BYTES = 64 * 1024
 # A head copies its newest log entries (up to 15), so every field an entry repeats from its
 # record is bounded: 15 entries at their largest (metadata, label, tags, reason, 256 parents;

@@ -1,6 +1,7 @@
 """Garbage collection, safe while agents write.
 Rule: gc deletes only packs no ref names and whose storage mtime is older than the grace; it
-never deletes refs."""
+never deletes refs. A long thread's head names its archive's pack, which lists the
+others (engine/archive.py): marking reads those archives too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.backends.sealed import unwrap
-from cas_checkpoint.engine.object_store import PREFIX, key_pack_id, pack_key
+from cas_checkpoint.engine import archive
+from cas_checkpoint.engine.object_store import PREFIX, key_pack_id, pack_key, parse_pack
 from cas_checkpoint.engine.refs import HEADS, is_thread_key
 from cas_checkpoint.engine.retention import (
     PruneReport as PruneReport,  # re-exported: callers look in gc
@@ -28,6 +30,7 @@ from cas_checkpoint.engine.retention import save_slack as save_slack
 from cas_checkpoint.engine.steps import (
     Blocking,
     DeleteMany,
+    GetMany,
     List,
     ListMany,
     PutMany,
@@ -35,7 +38,7 @@ from cas_checkpoint.engine.steps import (
     Step,
     run,
 )
-from cas_checkpoint.errors import CasError, InvalidArgumentError, StorageError
+from cas_checkpoint.errors import CasError, InvalidArgumentError, NotFoundError, StorageError
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import ObjectId
 from cas_checkpoint.humanize import plural
@@ -182,9 +185,12 @@ class _Collector:
         self.report.ref_rounds += 1
         return changed
 
-    def mark_heads(self, heads: dict[str, Head]) -> None:
+    def mark_heads(self, heads: dict[str, Head]) -> Step[None]:
+        archives = yield from self.read_archives([h for h in heads.values() if h.archive])
         for head in heads.values():
-            names = frozenset(p.id for p in head.packs)
+            names: frozenset[str] = frozenset(p.id for p in head.packs)
+            if head.archive is not None:  # a long thread's archive and the packs it lists
+                names = names | {head.archive.id} | archives[head.archive.id]
             swap = self.swaps.get(head.thread_id)
             if swap is not None and swap[0] == names:  # (a head that moved since: as it is)
                 self.marked.add(swap[1].id)
@@ -192,6 +198,30 @@ class _Collector:
             else:
                 self.marked.update(names)
         self.progress("mark", len(heads), len(heads))
+
+    def read_archives(self, heads: list[Head]) -> Step[dict[str, frozenset[str]]]:
+        """The packs each archive of ``heads`` lists (archive.py), read in one round. One that
+        cannot be read stops gc before it deletes anything: what it lists is not known."""
+        ids = list(dict.fromkeys(h.archive.id for h in heads if h.archive is not None))
+        if not ids:
+            return {}
+        self.req["get"] += len(ids)
+        got = yield GetMany([pack_key(i) for i in ids])
+        out: dict[str, frozenset[str]] = {}
+        for aid in ids:
+            try:
+                data = got[pack_key(aid)]
+                if data is None:
+                    raise NotFoundError(f"{pack_key(aid)} is missing")
+                listed = archive.of_pack(parse_pack(aid, data).objects)
+            except CasError as exc:
+                raise StorageError(
+                    f"gc stopped before deleting anything: the archive {pack_key(aid)} of a "
+                    f"long thread cannot be read ({exc}), so the packs it names are not "
+                    f"known. Run `cas-checkpoint verify`, and restore or remove that thread"
+                    ) from None
+            out[aid] = frozenset(p.id for p in listed)
+        return out
 
     # listing
 
@@ -283,13 +313,13 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     if backend.housekeeping:
         yield Blocking(backend.restore_trash)
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
-    c.mark_heads((yield from c.read_refs()))
+    yield from c.mark_heads((yield from c.read_refs()))
     listed = yield from c.list_objects()
     for _ in range(REF_ROUNDS):
         changed = yield from c.read_refs()
         if not changed:
             break
-        c.mark_heads(changed)
+        yield from c.mark_heads(changed)
     there = {oid for oid, _ in listed}
     listed += [(ObjectId(oid), ObjectInfo(pack_key(oid), size, t0))  # a dry repack's packs
                for oid, size in sorted(c.new_packs.items()) if oid not in there]

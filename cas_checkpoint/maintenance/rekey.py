@@ -53,7 +53,7 @@ def rekey(refs: RefStore, backend: SealedBackend) -> Step[dict[str, Any]]:
             report["bytes_written"] += sum(map(len, new.values()))
             packs = tuple(renamed.get(p.id, p) for p in head.packs)
             return Head(head.thread_id, head.head, head.head_step, head.peaks, head.tail,
-                        packs, head.inline, head.lineage), {}
+                        packs, head.inline, head.lineage, head.archive, head.held), {}
 
         if (yield from refs.update(thread, change)) is not None:
             report["threads"] += 1

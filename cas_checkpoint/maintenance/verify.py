@@ -10,6 +10,7 @@ from typing import Any
 
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.backends.sealed import unwrap
+from cas_checkpoint.engine import archive
 from cas_checkpoint.engine.object_store import PREFIX, Pack, key_pack_id, pack_key, parse_pack
 from cas_checkpoint.engine.refs import HEADS, RefStore, thread_key
 from cas_checkpoint.engine.steps import GetMany, List, ListMany, Step
@@ -491,6 +492,17 @@ class _Audit:
     def run(self) -> Step[VerifyReport]:
         t0 = time.perf_counter()
         heads = yield from self.read_refs()
+        archived = list(dict.fromkeys(pack_key(h.archive.id) for h in heads.values() if h.archive))
+        got = (yield GetMany(archived)) if archived else {}
+        for key, head in heads.items():  # a long thread's archived packs: as named by its head
+            if head.archive is not None:
+                heads[key], bad = archive.flattened(head, got.get(pack_key(head.archive.id)),
+                                                    parse_pack)
+                for p in heads[key].packs:
+                    self.named_by.setdefault(p.id, set()).add(head.thread_id)
+                if bad is not None:
+                    self.problem("unreadable", "archive", head.archive.id,
+                                 pack_key(head.archive.id), bad, (head.thread_id,))
         left: dict[str, int] = {}
         for head in heads.values():
             for pid in {p.id for p in head.packs}:

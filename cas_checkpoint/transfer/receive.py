@@ -249,6 +249,20 @@ def _sharing(refs: Refs, target: str, by_id: dict[str, LogEntry], segments: set[
     return out
 
 
+def _hold(core: Core, heads: list[Head], target: str) -> Step[list[Head]]:
+    """``heads``, those of other threads than ``target`` read anew with their packs marked
+    held (the import may name them: their writers must not delete them; collect.py)."""
+    out = []
+    for head in heads:
+        if head.thread_id != target:
+            try:
+                head = (yield from core.refs.hold(head.thread_id)).head
+            except NotFoundError:  # deleted meanwhile: nothing of it is reused
+                continue
+        out.append(head)
+    return out
+
+
 def _relation(current: list[LogEntry], current_head: CheckpointId | None,
               entries: list[LogEntry], head: CheckpointId) -> str:
     if current == entries and current_head == head:
@@ -319,6 +333,7 @@ def receive(core: Core, source: Source, as_thread: str | None = None,
         if current is not None:
             refs.refs[target] = current
         heads = _sharing(refs, target, by_id, set(segments), threads)
+        heads = yield from _hold(core, heads, target)
         held = yield from Held.read(core, heads)
         for sid in segments:  # the log segments the new head will have, where held
             holder = held.packs.get(sid)
@@ -398,7 +413,9 @@ def receive(core: Core, source: Source, as_thread: str | None = None,
         packs = (*base.packs, *added)
         segs: dict[ObjectId, bytes] = {}
         head = build(Head(target, None, packs=packs, inline=base.inline,
-                          lineage=base.lineage), entries, header.head, segs)
+                          lineage=base.lineage, archive=base.archive,
+                          held=base.held | {p.id for p in used.values()}),
+                     entries, header.head, segs)
         names.update(p.id for p in added)
         new = dict(carried)
         for sid, data in segs.items():
