@@ -44,6 +44,7 @@ from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
@@ -278,6 +279,14 @@ class AsyncCheckpointStore:
         return await self._run(self._upkeep.prune(thread_id, keep_last=keep_last,
                                                 older_than=older_than, keep_labeled=keep_labeled,
                                                 keep_tags=keep_tags, dry_run=dry_run))
+
+    async def expire(self, *, idle_for: timedelta, dry_run: bool = False,
+                     keep_labeled: bool = False, keep_tags: Iterable[str] = (),
+                     thread_id: str | None = None) -> ExpireReport:
+        """Delete the refs of idle threads (see ``CheckpointStore.expire``)."""
+        return await self._run(self._upkeep.expire(idle_for=idle_for, dry_run=dry_run,
+                                                   keep_labeled=keep_labeled,
+                                                   keep_tags=keep_tags, thread_id=thread_id))
 
     async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                      dry_run: bool = False) -> RepackReport:

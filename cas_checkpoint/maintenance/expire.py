@@ -1,0 +1,180 @@
+"""Thread expiry: delete the refs of threads nobody has saved to for a while (a time-to-live
+per thread, as the Redis, MongoDB and DynamoDB savers and LangGraph's ``ThreadTTLConfig`` give).
+
+Rule: expiry edits refs only, each by compare-and-swap on the version it judged (a thread saved
+to meanwhile is kept); gc then reclaims what only the expired threads reached. A thread is idle
+when neither its ref was written (a save, a fork, a prune) nor its newest checkpoint created
+within ``idle_for``. Cost: one listing of the refs and the storage's clock (gc lists those too,
+and the packs), one batched read of the refs that look idle by their modified time, and for a
+thread whose newest entry is not in its head (or, with ``keep_labeled``/``keep_tags``, whose
+log is not) the packs its log segments are in; then one conditional delete per expired thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cas_checkpoint.backends import Backend, ObjectInfo
+from cas_checkpoint.engine.refs import HEADS, Ref, RefStore, is_thread_key
+from cas_checkpoint.engine.retention import check_tags
+from cas_checkpoint.engine.steps import List, ReadRefs, Step
+from cas_checkpoint.errors import CasError, InvalidArgumentError
+from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.objects import LogEntry, ObjectId
+from cas_checkpoint.humanize import plural
+from cas_checkpoint.maintenance.gc import storage_now
+
+BATCH = 1000  # refs read per ReadRefs
+KEPT = ("recent", "saved_meanwhile", "labeled", "tagged")
+"""Why an idle-looking thread was kept: its ref or newest checkpoint is recent, it was saved to
+while expire ran, it has a labelled checkpoint (``keep_labeled``), a tag of ``keep_tags``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredThread:
+    thread_id: str
+    newest: float  # created_at of its newest checkpoint (seconds since the epoch)
+    checkpoints: int
+
+
+@dataclass(slots=True)
+class ExpireReport:
+    """``expired``: thread id -> what it held; ``kept``: threads kept per reason (``KEPT``);
+    ``requests``: storage requests by kind (list, get, put, delete)."""
+
+    dry_run: bool
+    idle_for: timedelta
+    expired: dict[str, ExpiredThread] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEPT, 0))
+    requests: dict[str, int] = field(
+        default_factory=lambda: {"list": 0, "get": 0, "put": 0, "delete": 0})
+
+    @property
+    def checkpoints(self) -> int:
+        return sum(t.checkpoints for t in self.expired.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "idle_for_seconds": self.idle_for.total_seconds(),
+                "expired": sorted(self.expired), "checkpoints": self.checkpoints,
+                "kept": dict(self.kept), "requests": dict(self.requests)}
+
+    def to_text(self, *, by_thread: bool = False) -> str:
+        """The total first; then, with ``by_thread``, a line per expired thread."""
+        verb = "would expire" if self.dry_run else "expired"
+        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.kept.items() if n)
+        lines = [f"total: {verb} {plural(len(self.expired), 'thread')} "
+                 f"({plural(self.checkpoints, 'checkpoint')}) idle for {self.idle_for} or more; "
+                 f"kept {sum(self.kept.values())} ({why or 'none'})"
+                 + ("" if self.dry_run or not self.expired
+                    else "; run gc to reclaim their bytes")]
+        if by_thread:
+            lines += [f"{t}: {plural(e.checkpoints, 'checkpoint')}, newest "
+                      f"{datetime.fromtimestamp(e.newest, UTC).isoformat(timespec='seconds')}"
+                      for t, e in sorted(self.expired.items())]
+        return "\n".join(lines)
+
+
+def check_idle(idle_for: object) -> timedelta:
+    if not isinstance(idle_for, timedelta) or idle_for < timedelta(0):
+        raise InvalidArgumentError(f"idle_for must be a non-negative timedelta, e.g. "
+                                   f"idle_for=timedelta(days=30), not {idle_for!r}")
+    return idle_for
+
+
+class _Keep(Exception):
+    pass
+
+
+def _newest(refs: RefStore, head: Head) -> Step[LogEntry | None]:
+    if head.tail:
+        return head.tail[-1]
+    if not head.peaks:
+        return None
+    return next(iter((yield from refs.newest_first(head))), None)
+
+
+def _why_kept(refs: RefStore, head: Head, cutoff: float, keep_labeled: bool,
+              keep_tags: frozenset[str]) -> Step[tuple[str | None, LogEntry | None]]:
+    """(None, the newest entry) if the thread may go, else (the reason it stays, None)."""
+    newest = yield from _newest(refs, head)
+    if newest is not None and newest.created_at >= cutoff:
+        return "recent", None
+    if keep_labeled or keep_tags:
+        for e in (yield from refs.entries(head)):
+            if keep_labeled and e.label is not None:
+                return "labeled", None
+            if keep_tags.intersection(e.tags):
+                return "tagged", None
+    return None, newest
+
+
+def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bool = False,
+           keep_labeled: bool = False, keep_tags: Iterable[str] = (),
+           thread_id: str | None = None) -> Step[ExpireReport]:
+    """Delete the refs of idle threads (every thread, or ``thread_id`` alone)."""
+    idle = check_idle(idle_for)
+    tags = check_tags(keep_tags)
+    if not isinstance(dry_run, bool) or not isinstance(keep_labeled, bool):
+        raise InvalidArgumentError(f"dry_run and keep_labeled must be True or False, not "
+                                   f"{dry_run!r} and {keep_labeled!r}")
+    report = ExpireReport(dry_run, idle)
+    req = report.requests
+    now = yield from storage_now(backend, req)
+    cutoff = now - idle.total_seconds()
+    listed: list[ObjectInfo] = yield List(HEADS)  # an error propagates: never "nothing idle"
+    req["list"] += 1 + len(listed) // 1000
+    keys: list[str] = []
+    for info in listed:
+        if not info.regular or not is_thread_key(info.key):
+            continue
+        if info.mtime >= cutoff:
+            report.kept["recent"] += 1
+        else:
+            keys.append(info.key)
+    wanted = None if thread_id is None else refs.stored_key(thread_id)
+    if wanted is not None:
+        keys = [k for k in keys if k == wanted]
+        report.kept["recent"] = 0
+    for start in range(0, len(keys), BATCH):
+        batch = keys[start:start + BATCH]
+        got: list[tuple[bytes, str] | None] = yield ReadRefs(batch)
+        req["get"] += len(batch)
+        for key, one in zip(batch, got, strict=True):
+            if one is None:
+                continue  # deleted meanwhile
+            try:
+                head = Head.decode(one[0], key)
+            except CasError:
+                continue  # (verify names a damaged ref; expiry leaves it alone)
+            if head.head is None:
+                continue
+            yield from _expire_one(refs, Ref(head, one[1]), cutoff, keep_labeled, tags,
+                                   report)
+    return report
+
+
+def _expire_one(refs: RefStore, ref: Ref, cutoff: float, keep_labeled: bool,
+                tags: frozenset[str], report: ExpireReport) -> Step[None]:
+    thread = ref.head.thread_id
+    why, newest = yield from _why_kept(refs, ref.head, cutoff, keep_labeled, tags)
+    if why is not None or newest is None:
+        report.kept[why or "recent"] += 1
+        return
+    if not report.dry_run:
+        def change(cur: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
+            if cur is None or cur.version != ref.version:  # saved to (or edited) meanwhile
+                raise _Keep
+            return None, {}
+            yield  # pragma: no cover - a step
+
+        try:
+            yield from refs.update(thread, change, current=ref)
+        except _Keep:
+            report.kept["saved_meanwhile"] += 1
+            return
+        finally:
+            report.requests["delete"] += 1
+    report.expired[thread] = ExpiredThread(thread, newest.created_at, ref.head.count)
