@@ -54,9 +54,11 @@ class Core:
 
     def __init__(self, backend: Backend, types: Iterable[type] | TypeRegistry,
                  keep_last: int | None = None,
-                 cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES,
+                 keep_mode: str = "batch") -> None:
         if keep_last is not None:
             retention.check_policy(keep_last, None)
+        self.keep_mode = retention.check_mode(keep_mode)
         if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
             raise InvalidArgumentError(f"cache_bytes must be a non-negative int, not "
                                        f"{cache_bytes!r}")
@@ -91,13 +93,22 @@ class Core:
              parents: Iterable[CheckpointId] | None = None,
              check: Callable[[Head], Step[dict[str, Any] | None]] | None = None,
              status: str | None = None,
-             kind: str | None = None, reason: str | None = None) -> Step[CheckpointInfo]:
+             kind: str | None = None, reason: str | None = None,
+             keep_last: int | None = UNSET,
+             retain: retention.Retain | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
         would extend, and may raise to refuse it: a condition on more than the head's id. What
         it returns is added to ``metadata``, checked as metadata is: facts about the log the
-        entry extends, exact whatever other writers did.)"""
+        entry extends, exact whatever other writers did. ``keep_last`` (this save only: exact)
+        or the store's ``keep_last`` (exact or in batches, by ``keep_mode``) and ``retain``
+        (entries -> the entries to keep, for an integration) drop checkpoints from the log in
+        the same compare-and-swap.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
+        if keep_last is not UNSET and keep_last is not None:
+            retention.check_policy(keep_last, None)
+        keep_n, exact = ((self.keep_last, self.keep_mode == "exact") if keep_last is UNSET
+                         else (keep_last, True))
         label, tags_t, meta = check_meta(label, tags, metadata)
         status, kind, reason = model.check_annotations(status, kind, reason)
         given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
@@ -139,12 +150,12 @@ class Core:
             saved["base"] = head.head  # (the head it is appended to: see holds)
             segments: dict[ObjectId, bytes] = {}
             new_head = log_append(head, entry, segments)
-            # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
-            # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
-            if self.keep_last is not None and retention.prune_due(new_head.count, self.keep_last):
+            # Retention on save (open(keep_last=N)): drop the oldest unlabelled checkpoints in
+            # this same compare-and-swap, past N exactly or every few saves past N (amortised).
+            if retain is not None or retention.prune_due(new_head.count, keep_n, exact):
                 segments.clear()
-                new_head = yield from retention.pruned_head(self.refs, head, entry, self.keep_last,
-                                                        segments)
+                new_head = yield from retention.pruned_head(self.refs, head, entry, keep_n,
+                                                            segments, retain)
                 segments = yield from self.refs.missing(head, segments)
             new.update(segments)
             saved["new"], saved["lineage"], saved["skip"] = new, head.lineage, skip
@@ -178,7 +189,7 @@ class Core:
         """Another engine over the same storage and settings, storing the classes of ``types``
         (caches of its own; no ``keep_last``): for an integration that drives these steps as
         a third face (CasSaver)."""
-        core = Core(self.backend, types, None)
+        core = Core(self.backend, types, None)  # (an integration retains by ``retain``)
         core.objects.wanted = self.objects.wanted  # the store's compression
         return core
 

@@ -12,7 +12,7 @@ log is not) the packs its log segments are in; then one conditional delete per e
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -113,8 +113,10 @@ def _why_kept(refs: RefStore, head: Head, cutoff: float, keep_labeled: bool,
 
 def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bool = False,
            keep_labeled: bool = False, keep_tags: Iterable[str] = (),
-           thread_id: str | None = None) -> Step[ExpireReport]:
-    """Delete the refs of idle threads (every thread, or ``thread_id`` alone)."""
+           thread_id: str | None = None, only: Callable[[str], bool] | None = None
+           ) -> Step[ExpireReport]:
+    """Delete the refs of idle threads (every thread, or ``thread_id`` alone, or those whose
+    id ``only`` accepts: an integration's own threads)."""
     idle = check_idle(idle_for)
     tags = check_tags(keep_tags)
     if not isinstance(dry_run, bool) or not isinstance(keep_labeled, bool):
@@ -149,7 +151,7 @@ def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bo
                 head = Head.decode(one[0], key)
             except CasError:
                 continue  # (verify names a damaged ref; expiry leaves it alone)
-            if head.head is None:
+            if head.head is None or (only is not None and not only(head.thread_id)):
                 continue
             yield from _expire_one(refs, Ref(head, one[1]), cutoff, keep_labeled, tags,
                                    report)

@@ -4,7 +4,7 @@ stats), over the engine (``Core``) of a store object: what both faces drive."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -68,10 +68,11 @@ class Maintenance:
 
     def expire(self, *, idle_for: timedelta, dry_run: bool = False,
                keep_labeled: bool = False, keep_tags: Iterable[str] = (),
-               thread_id: str | None = None) -> Step[expiry.ExpireReport]:
+               thread_id: str | None = None, only: Callable[[str], bool] | None = None
+               ) -> Step[expiry.ExpireReport]:
         report = yield from expiry.expire(self.backend, self.refs, idle_for=idle_for,
                                           dry_run=dry_run, keep_labeled=keep_labeled,
-                                          keep_tags=keep_tags, thread_id=thread_id)
+                                          keep_tags=keep_tags, thread_id=thread_id, only=only)
         for t in report.expired:
             self.core.forget(t)
         log.info("expire %s", report.to_text())

@@ -40,12 +40,25 @@ from cas_checkpoint.integrations.langgraph.meta import from_log, to_log
 RECENT = 16  # checkpoints whose states the delta-channel walk loads in one batch
 
 
+def shallow(entries: list[LogEntry]) -> list[LogEntry]:
+    """What a shallow saver keeps of a namespace's log (oldest first, the new entry last): its
+    latest LangGraph checkpoint and the pending writes to it (an ``engine`` ``Retain``)."""
+    latest = next((e.metadata["lg"] for e in reversed(entries) if "lg" in e.metadata), None)
+    return [e for e in entries
+            if latest is not None and latest in (e.metadata.get("lg"), e.metadata.get("w"))]
+
+
 class Steps:
     """The reads and writes of CasSaver, over ``self._core``."""
 
     _core: Core
     _encoder: PutEncoder
     conflicts: str
+    shallow: bool
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str, only_ns: str | None = None
+               ) -> Step[None]:  # pragma: no cover - walks.py has it
+        raise NotImplementedError
 
     def _all(self, name: str) -> Step[list[CheckpointInfo]]:
         """A store thread's entries (metadata only), newest first; [] if it does not exist."""
@@ -133,9 +146,15 @@ class Steps:
             return out
 
         state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
+        # Shallow: the save keeps the latest checkpoint alone, in its compare-and-swap; a graph
+        # with DeltaChannels keeps the ancestors down to their snapshots (a prune after it).
+        deltas = self.shallow and bool(metadata.get("counters_since_delta_snapshot"))
         info = yield from self._core.save(name, state, metadata=meta, parents=parents,
-                                          check=stamp)
+                                          check=stamp,
+                                          retain=shallow if self.shallow and not deltas else None)
         self._encoder.saved(thread_id, ns, state, info.id)
+        if deltas:
+            yield from self._prune([thread_id], "keep_latest", ns)
         return _config(thread_id, ns, checkpoint["id"])
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -162,7 +181,7 @@ class Steps:
 
         yield from self._core.save(_key(thread_id, ns), state,
                                    metadata={"w": cid, "task": task_id}, parents=(),
-                                   check=stamp)
+                                   check=stamp, retain=shallow if self.shallow else None)
 
     def _early(self, head: Head) -> Step[tuple[Cursor, dict[str, str]]]:
         """A cursor over ``head``'s log and the ``lge`` map its newest entry carries."""
