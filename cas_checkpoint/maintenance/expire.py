@@ -66,7 +66,8 @@ class ExpireReport:
         verb = "would expire" if self.dry_run else "expired"
         why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.kept.items() if n)
         lines = [f"total: {verb} {plural(len(self.expired), 'thread')} "
-                 f"({plural(self.checkpoints, 'checkpoint')}) idle for {self.idle_for} or more; "
+                 f"({plural(self.checkpoints, 'checkpoint')}) idle for "
+                 f"{_span(self.idle_for)} or more; "
                  f"kept {sum(self.kept.values())} ({why or 'none'})"
                  + ("" if self.dry_run or not self.expired
                     else "; run gc to reclaim their bytes")]
@@ -75,6 +76,16 @@ class ExpireReport:
                       f"{datetime.fromtimestamp(e.newest, UTC).isoformat(timespec='seconds')}"
                       for t, e in sorted(self.expired.items())]
         return "\n".join(lines)
+
+
+def _span(t: timedelta) -> str:
+    """``30d``, ``12h``, ``1h30m``, ``45s``: as the command line's ``--idle`` takes it."""
+    left, out = int(t.total_seconds()), ""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= n:
+            out += f"{left // n}{unit}"
+            left %= n
+    return out or "0s"
 
 
 def check_idle(idle_for: object) -> timedelta:
