@@ -122,3 +122,19 @@ def test_saver_ttl_sweeps_on_put_after_its_interval() -> None:
     time.sleep(1.6)
     graph.invoke(human("b"), {"configurable": {"thread_id": "new"}})  # its puts sweep
     assert graph.get_state({"configurable": {"thread_id": "old"}}).values == {}
+
+
+def test_saver_asweep() -> None:
+    import asyncio
+
+    saver = CasSaver.from_url(_url(), ttl=timedelta(seconds=1))
+    graph = ask_graph(saver)
+
+    async def go() -> Any:
+        await graph.ainvoke(human("a"), {"configurable": {"thread_id": "old"}})
+        await asyncio.sleep(1.6)
+        return await saver.asweep()
+
+    report = asyncio.run(go())
+    assert report.expired and all("old" in name for name in report.expired)
+    assert saver.store.threads() == []

@@ -175,3 +175,37 @@ def test_the_async_face_traces_too() -> None:
     spans = _spans()
     assert [s.name for s in spans] == ["cas_checkpoint.save", "cas_checkpoint.load"]
     assert spans[1].attributes["cas.requests.read_ref"] == 1
+
+
+def test_the_langgraph_saver_puts_and_gets_in_spans() -> None:
+    pytest.importorskip("langgraph")
+    from test_langgraph import ask_graph, human
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    saver = CasSaver.from_url(f"memory://otel-{uuid.uuid4().hex[:8]}")
+    _spans()
+    ask_graph(saver).invoke(human("refund please"), {"configurable": {"thread_id": "lg"}})
+    spans = _spans()
+    names = {s.name for s in spans}
+    assert {"cas_checkpoint.save", "cas_checkpoint.load"} <= names
+    assert all(s.attributes["cas.thread_id"] == "lg" for s in spans
+               if "cas.thread_id" in s.attributes)
+
+
+def test_an_application_that_never_imports_opentelemetry_pays_no_import(tmp_path: Any) -> None:
+    """opentelemetry installed (as here) but not used by the application: a save and a load
+    import none of it."""
+    code = textwrap.dedent(f"""
+        import sys
+        from cas_checkpoint import CheckpointStore
+        from cas_checkpoint.engine import telemetry
+        assert telemetry.ENABLED is True
+        s = CheckpointStore.open({str(tmp_path / 's')!r})
+        s.save("t", {{"x": 1}})
+        assert CheckpointStore.open(s.url).load("t").state == {{"x": 1}}
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

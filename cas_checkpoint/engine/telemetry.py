@@ -4,9 +4,11 @@ which, when it is one of ``OPERATIONS``, counts every storage request it yields 
 and ends its span with what it did.
 
 Without ``opentelemetry-api`` installed (the ``otel`` extra) ``ENABLED`` is False and ``traced``
-is never called: the drivers pay one test of a module constant per operation. With it and no
-SDK installed (the API's proxy providers) an operation costs two more calls and nothing is
-counted; the application installs the SDK and its exporters (this module configures none).
+is never called: the drivers pay one test of a module constant per operation. With it, nothing
+is imported here until the application has imported opentelemetry itself, and nothing is
+counted until it installs an SDK's providers (the API's own are proxies that record nothing):
+an operation then costs a look in ``sys.modules`` or two more calls. The application installs
+the SDK and its exporters; this module configures none.
 
 Span ``cas_checkpoint.<operation>`` attributes: ``cas.thread_id``, ``cas.bytes`` (a save's or
 a load's state size, gc's reclaimed bytes), ``cas.requests.<kind>`` (get, put, read_ref,
@@ -20,17 +22,16 @@ write_ref, delete_ref, list, delete), ``cas.requests``, ``cas.bytes_written``,
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from collections.abc import Generator
 from typing import Any, TypeVar
 
-try:  # the otel extra
-    from opentelemetry import metrics, trace
-    from opentelemetry.trace import Status, StatusCode
-except ImportError:  # pragma: no cover - exercised in a subprocess without the extra
+try:  # the otel extra, installed? (imported only once the application has imported it)
+    ENABLED = importlib.util.find_spec("opentelemetry") is not None
+except (ImportError, ValueError):  # pragma: no cover - exercised in a subprocess
     ENABLED = False
-else:
-    ENABLED = True
 
 from cas_checkpoint.backends.base import RefMismatch
 
@@ -53,6 +54,8 @@ _instruments: dict[str, Any] = {}
 
 def _meter() -> dict[str, Any]:
     if not _instruments:
+        from opentelemetry import metrics
+
         m = metrics.get_meter("cas_checkpoint")
         _instruments.update(
             duration=m.create_histogram("cas_checkpoint.operation.duration", unit="s",
@@ -69,10 +72,20 @@ def _meter() -> dict[str, Any]:
 
 
 def _installed() -> bool:
-    """Whether the application installed a tracer or a meter provider (an SDK): until then the
-    API's providers are proxies that record nothing, and nothing is counted."""
-    return not (type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider"
-                and type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider")
+    """Whether the application installed a tracer or a meter provider (an SDK): not if it never
+    imported opentelemetry (nothing is imported here then); until it installs one, the API's
+    providers are proxies that record nothing, and nothing is counted."""
+    if not _api:
+        if "opentelemetry.trace" not in sys.modules and "opentelemetry.metrics" not in sys.modules:
+            return False
+        from opentelemetry import metrics, trace
+
+        _api.extend((trace.get_tracer_provider, metrics.get_meter_provider))
+    return not (type(_api[0]()).__name__ == "ProxyTracerProvider"
+                and type(_api[1]()).__name__ == "_ProxyMeterProvider")
+
+
+_api: list[Any] = []  # the API's provider getters, once the application has imported it
 
 
 def _objects(step: Any) -> Any:
@@ -96,6 +109,8 @@ class Tally:
         thread = local.get("thread_id")
         if isinstance(thread, str):
             attrs["cas.thread_id"] = thread
+        from opentelemetry import trace
+
         self.span = trace.get_tracer("cas_checkpoint").start_span(f"cas_checkpoint.{name}",
                                                                    attributes=attrs)
         self.requests: dict[str, int] = {}
@@ -166,6 +181,8 @@ class Tally:
         if self.races:
             m["races"].add(self.races, op)
         if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end()
