@@ -287,11 +287,13 @@ class AsyncCheckpointStore:
 
     async def expire(self, *, idle_for: timedelta, dry_run: bool = False,
                      keep_labeled: bool = False, keep_tags: Iterable[str] = (),
-                     thread_id: str | None = None) -> ExpireReport:
+                     thread_id: str | None = None,
+                     group: Callable[[str], str | None] | None = None) -> ExpireReport:
         """Delete the refs of idle threads (see ``CheckpointStore.expire``)."""
         return await self._run(self._upkeep.expire(idle_for=idle_for, dry_run=dry_run,
                                                    keep_labeled=keep_labeled,
-                                                   keep_tags=keep_tags, thread_id=thread_id))
+                                                   keep_tags=keep_tags, thread_id=thread_id,
+                                                   group=group))
 
     async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                      dry_run: bool = False) -> RepackReport:

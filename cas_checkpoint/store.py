@@ -329,18 +329,22 @@ class CheckpointStore:
                                           dry_run=dry_run))
 
     def expire(self, *, idle_for: timedelta, dry_run: bool = False, keep_labeled: bool = False,
-               keep_tags: Iterable[str] = (), thread_id: str | None = None) -> ExpireReport:
+               keep_tags: Iterable[str] = (), thread_id: str | None = None,
+               group: Callable[[str], str | None] | None = None) -> ExpireReport:
         """Delete the refs of threads idle for ``idle_for`` or more: neither saved to (nor
         forked, pruned, rewritten) within it, by the storage's clock, nor holding a checkpoint
         created within it. Kept on request: threads with a labelled checkpoint
         (``keep_labeled=True``) or one tagged with one of ``keep_tags``. Each ref is deleted by
         compare-and-swap on the version judged idle: a thread saved to meanwhile is kept.
-        Refs only: ``gc()`` then deletes what only the expired threads reached. ``report.expired``
+        Threads that ``group(thread_id)`` maps to one key (not None) expire together, when all
+        of them are idle (e.g. one session's threads; the LangGraph saver groups a thread's
+        namespaces so). Refs only: ``gc()`` then deletes what only the expired threads reached.
+        ``report.expired``
         (thread id -> ``ExpiredThread``), ``report.kept`` (threads kept, per reason),
         ``report.requests`` (storage requests by kind), ``report.to_text()``."""
         return self._run(self._upkeep.expire(idle_for=idle_for, dry_run=dry_run,
                                              keep_labeled=keep_labeled, keep_tags=keep_tags,
-                                             thread_id=thread_id))
+                                             thread_id=thread_id, group=group))
 
     def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                dry_run: bool = False) -> RepackReport:

@@ -43,7 +43,8 @@ def test_expire_deletes_idle_threads_and_gc_reclaims_them() -> None:
     before = store.storage_bytes()
     dry = store.expire(idle_for=IDLE, dry_run=True, keep_labeled=True, keep_tags=["milestone"])
     assert sorted(dry.expired) == ["old0", "old1", "old2"]
-    assert dry.kept == {"recent": 1, "saved_meanwhile": 0, "labeled": 1, "tagged": 1}
+    assert dry.kept == {"recent": 1, "saved_meanwhile": 0, "labeled": 1, "tagged": 1,
+                        "grouped": 0}
     assert dry.checkpoints == 51 and "would expire 3 threads" in dry.to_text()
     assert store.threads() == ["fresh", "labelled", "old0", "old1", "old2", "tagged"]
     report = store.expire(idle_for=IDLE, keep_labeled=True, keep_tags=["milestone"])
@@ -87,6 +88,41 @@ def test_a_thread_saved_to_while_expire_runs_is_kept() -> None:
     assert store.threads() == ["t"]
     assert CheckpointStore.open(store.url).load("t").state == {"v": 2}
     assert CheckpointStore.open(store.url).count("t") == 2
+
+
+def test_threads_of_one_group_expire_together() -> None:
+    """``group`` maps threads to a key: they go only when all of them are idle (the command
+    line and the LangGraph saver group a LangGraph thread's namespaces so)."""
+    store = _mem()
+    for t in ("s1/main", "s1/sub", "s2/main", "s2/sub", "alone"):
+        store.save(t, {"t": t})
+    _age()
+    store.save("s1/sub", {"t": "again"})  # s1 is active through one of its threads
+
+    def session(thread: str) -> str | None:
+        return thread.split("/")[0] if "/" in thread else None
+
+    report = store.expire(idle_for=IDLE, group=session)
+    assert sorted(report.expired) == ["alone", "s2/main", "s2/sub"]
+    assert report.kept["grouped"] == 1 and report.kept["recent"] == 1
+    assert store.threads() == ["s1/main", "s1/sub"]
+
+
+def test_cli_expire_keeps_a_langgraph_threads_namespaces_together(tmp_path: Any) -> None:
+    from cas_checkpoint.integrations.langgraph_threads import name_of
+
+    url = str(tmp_path / "lg")
+    store = CheckpointStore.open(url)
+    for thread in ("active", "idle"):
+        store.save(name_of(thread, ""), {"root": thread})
+        store.save(name_of(thread, "sub:1"), {"sub": thread})
+    _age()
+    store.save(name_of("active", ""), {"root": "again"})  # its subgraph namespace is idle
+    got = run_json("expire", url, "--idle", "1s")
+    assert sorted(got["expired"]) == sorted([name_of("idle", ""), name_of("idle", "sub:1")])
+    assert got["kept"]["grouped"] == 1
+    assert sorted(CheckpointStore.open(url).threads()) == sorted(
+        [name_of("active", ""), name_of("active", "sub:1")])
 
 
 def test_expire_checks_its_arguments() -> None:

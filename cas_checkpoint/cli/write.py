@@ -22,6 +22,7 @@ from cas_checkpoint.cli.common import (
 from cas_checkpoint.cli.progress import bar
 from cas_checkpoint.cli.wording import for_cli
 from cas_checkpoint.humanize import human_bytes, plural
+from cas_checkpoint.integrations.langgraph_threads import thread_of
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -227,7 +228,8 @@ def cmd_expire(args: argparse.Namespace) -> int:
     thread = lg.thread_name(store.threads(), args.thread) if args.thread else None
     report = store.expire(idle_for=args.idle, dry_run=args.dry_run,
                           keep_labeled=args.keep_labeled, keep_tags=args.keep_tag,
-                          thread_id=thread)
+                          thread_id=thread, group=thread_of)  # (a LangGraph thread's
+    # namespaces expire together)
     if args.json:
         emit_json(report.to_dict())
         return OK

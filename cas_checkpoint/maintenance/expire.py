@@ -18,19 +18,28 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
-from cas_checkpoint.engine.refs import HEADS, Ref, RefStore, is_thread_key
+from cas_checkpoint.engine.refs import (
+    HEADS,
+    Ref,
+    RefStore,
+    is_hashed_key,
+    is_thread_key,
+    thread_from_key,
+)
 from cas_checkpoint.engine.retention import check_tags
 from cas_checkpoint.engine.steps import List, ReadRefs, Step
 from cas_checkpoint.errors import CasError, InvalidArgumentError
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import LogEntry, ObjectId
+from cas_checkpoint.format.sealing import is_sealed_key
 from cas_checkpoint.humanize import plural
 from cas_checkpoint.maintenance.gc import storage_now
 
 BATCH = 1000  # refs read per ReadRefs
-KEPT = ("recent", "saved_meanwhile", "labeled", "tagged")
-"""Why an idle-looking thread was kept: its ref or newest checkpoint is recent, it was saved to
-while expire ran, it has a labelled checkpoint (``keep_labeled``), a tag of ``keep_tags``."""
+KEPT = ("recent", "saved_meanwhile", "labeled", "tagged", "grouped")
+"""Why a thread was kept: its ref or newest checkpoint is recent, it was saved to while expire
+ran, it has a labelled checkpoint (``keep_labeled``), a tag of ``keep_tags``, or it is idle but
+another thread of its ``group`` stays."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +133,11 @@ def _why_kept(refs: RefStore, head: Head, cutoff: float, keep_labeled: bool,
 
 def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bool = False,
            keep_labeled: bool = False, keep_tags: Iterable[str] = (),
-           thread_id: str | None = None, only: Callable[[str], bool] | None = None
-           ) -> Step[ExpireReport]:
+           thread_id: str | None = None, only: Callable[[str], bool] | None = None,
+           group: Callable[[str], str | None] | None = None) -> Step[ExpireReport]:
     """Delete the refs of idle threads (every thread, or ``thread_id`` alone, or those whose
-    id ``only`` accepts: an integration's own threads)."""
+    id ``only`` accepts: an integration's own threads). Threads ``group`` maps to one key (not
+    None) go together: only when every one of them is idle (a LangGraph thread's namespaces)."""
     idle = check_idle(idle_for)
     tags = check_tags(keep_tags)
     if not isinstance(dry_run, bool) or not isinstance(keep_labeled, bool):
@@ -140,17 +150,50 @@ def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bo
     listed: list[ObjectInfo] = yield List(HEADS)  # an error propagates: never "nothing idle"
     req["list"] += 1 + len(listed) // 1000
     keys: list[str] = []
+    recent: list[str] = []
     for info in listed:
-        if not info.regular or not is_thread_key(info.key):
+        if info.regular and is_thread_key(info.key):
+            (recent if info.mtime >= cutoff else keys).append(info.key)
+    if thread_id is not None:
+        wanted = refs.stored_key(thread_id)
+        keys, recent = [k for k in keys if k == wanted], []
+    busy: set[str] = set()  # groups with a thread that stays
+    if group is not None:  # the groups of recent refs: named in their keys, else in their heads
+        unnamed = []
+        for key in recent:
+            name = None if is_hashed_key(key) or is_sealed_key(key) else thread_from_key(key)
+            if name is None:
+                unnamed.append(key)
+            elif (only is None or only(name)) and (g := group(name)) is not None:
+                busy.add(g)
+        for _key, head, _version in (yield from _refs(unnamed, req)):
+            if (only is None or only(head.thread_id)) and (g := group(head.thread_id)):
+                busy.add(g)
+    report.kept["recent"] += len(recent)
+    judged: list[tuple[Ref, LogEntry]] = []
+    for _key, head, version in (yield from _refs(keys, req)):
+        if head.head is None or (only is not None and not only(head.thread_id)):
             continue
-        if info.mtime >= cutoff:
-            report.kept["recent"] += 1
+        why, newest = yield from _why_kept(refs, head, cutoff, keep_labeled, tags)
+        if why is not None or newest is None:
+            report.kept[why or "recent"] += 1
+            if group is not None and (g := group(head.thread_id)) is not None:
+                busy.add(g)
         else:
-            keys.append(info.key)
-    wanted = None if thread_id is None else refs.stored_key(thread_id)
-    if wanted is not None:
-        keys = [k for k in keys if k == wanted]
-        report.kept["recent"] = 0
+            judged.append((Ref(head, version), newest))
+    for ref, newest in judged:
+        g = None if group is None else group(ref.head.thread_id)
+        if g is not None and g in busy:
+            report.kept["grouped"] += 1
+        else:
+            yield from _expire_one(refs, ref, newest, report)
+    return report
+
+
+def _refs(keys: list[str], req: dict[str, int]) -> Step[list[tuple[str, Head, str]]]:
+    """(key, head, version) of the refs under ``keys`` that exist and decode, read in batches
+    (a damaged ref is left alone: verify names it)."""
+    out = []
     for start in range(0, len(keys), BATCH):
         batch = keys[start:start + BATCH]
         got: list[tuple[bytes, str] | None] = yield ReadRefs(batch)
@@ -159,23 +202,15 @@ def expire(backend: Backend, refs: RefStore, *, idle_for: timedelta, dry_run: bo
             if one is None:
                 continue  # deleted meanwhile
             try:
-                head = Head.decode(one[0], key)
+                out.append((key, Head.decode(one[0], key), one[1]))
             except CasError:
-                continue  # (verify names a damaged ref; expiry leaves it alone)
-            if head.head is None or (only is not None and not only(head.thread_id)):
                 continue
-            yield from _expire_one(refs, Ref(head, one[1]), cutoff, keep_labeled, tags,
-                                   report)
-    return report
+    return out
 
 
-def _expire_one(refs: RefStore, ref: Ref, cutoff: float, keep_labeled: bool,
-                tags: frozenset[str], report: ExpireReport) -> Step[None]:
+def _expire_one(refs: RefStore, ref: Ref, newest: LogEntry, report: ExpireReport
+                ) -> Step[None]:
     thread = ref.head.thread_id
-    why, newest = yield from _why_kept(refs, ref.head, cutoff, keep_labeled, tags)
-    if why is not None or newest is None:
-        report.kept[why or "recent"] += 1
-        return
     if not report.dry_run:
         def change(cur: Ref | None) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             if cur is None or cur.version != ref.version:  # saved to (or edited) meanwhile

@@ -68,11 +68,13 @@ class Maintenance:
 
     def expire(self, *, idle_for: timedelta, dry_run: bool = False,
                keep_labeled: bool = False, keep_tags: Iterable[str] = (),
-               thread_id: str | None = None, only: Callable[[str], bool] | None = None
+               thread_id: str | None = None, only: Callable[[str], bool] | None = None,
+               group: Callable[[str], str | None] | None = None
                ) -> Step[expiry.ExpireReport]:
         report = yield from expiry.expire(self.backend, self.refs, idle_for=idle_for,
                                           dry_run=dry_run, keep_labeled=keep_labeled,
-                                          keep_tags=keep_tags, thread_id=thread_id, only=only)
+                                          keep_tags=keep_tags, thread_id=thread_id, only=only,
+                                          group=group)
         for t in report.expired:
             self.core.forget(t)
         log.info("expire %s", report.to_text())

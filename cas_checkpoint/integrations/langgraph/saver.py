@@ -34,6 +34,7 @@ from cas_checkpoint.integrations.langgraph.schemas import Learned
 from cas_checkpoint.integrations.langgraph.steps import RECENT
 from cas_checkpoint.integrations.langgraph.ttl import ttl_of
 from cas_checkpoint.integrations.langgraph.walks import Walks
+from cas_checkpoint.integrations.langgraph_threads import thread_of
 from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.store import CheckpointStore, engine_for
@@ -186,25 +187,14 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     # --- time-to-live ------------------------------------------------------------------------
 
     def _sweep(self, dry_run: bool) -> Step[ExpireReport]:
-        """Expire the LangGraph threads none of whose namespaces is recent: a dry run finds the
-        idle namespaces, then those of threads with no recent namespace go (each by
+        """Expire the LangGraph threads none of whose namespaces is recent (each namespace by
         compare-and-swap: one saved to meanwhile stays)."""
         if self.ttl is None:
             raise InvalidArgumentError("this saver has no ttl; pass CasSaver(store, "
                                        "ttl={'default_ttl': MINUTES}) or ttl=timedelta(...)")
-        upkeep = Maintenance(self._core)
-        idle = yield from upkeep.expire(idle_for=self.ttl.idle_for, dry_run=True,
-                                        only=lambda name: _parse(name) is not None)
-        active = {t for name, t, _ns in (yield from self._names()) if name not in idle.expired}
-
-        def gone(name: str) -> bool:
-            got = _parse(name)
-            return got is not None and got[0] not in active
-
-        if dry_run:
-            idle.expired = {k: v for k, v in idle.expired.items() if gone(k)}
-            return idle
-        return (yield from upkeep.expire(idle_for=self.ttl.idle_for, only=gone))
+        return (yield from Maintenance(self._core).expire(
+            idle_for=self.ttl.idle_for, dry_run=dry_run,
+            only=lambda name: _parse(name) is not None, group=thread_of))
 
     def sweep(self, *, dry_run: bool = False) -> ExpireReport:
         """Expire the threads idle for the saver's ``ttl`` now (``report.expired`` names the

@@ -74,3 +74,4 @@ def ttl_of(ttl: Mapping[str, Any] | timedelta | None) -> TTL | None:
     every = ttl.get("sweep_interval_minutes")
     return TTL(_minutes(ttl["default_ttl"], "default_ttl"),
                None if every is None else _minutes(every, "sweep_interval_minutes"))
+
