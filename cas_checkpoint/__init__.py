@@ -24,6 +24,7 @@ from cas_checkpoint.errors import (
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.format.objects import CheckpointId, ObjectId
 from cas_checkpoint.format.sealing import Key
+from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.gc import GCReport
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.verify_report import Problem, VerifyReport
@@ -51,6 +52,7 @@ __all__ = [
     "CheckpointStore",
     "ConflictError",
     "CopyReport",
+    "ExpireReport",
     "FormatError",
     "GCReport",
     "IntegrityError",

@@ -44,6 +44,7 @@ from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
@@ -93,16 +94,18 @@ class AsyncCheckpointStore:
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
-                 cache_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 keep_mode: str = "batch", cache_dir: str | None = None,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         """A store over an fsspec filesystem object (for S3, one made with
         ``asynchronous=True`` inside the running loop) and a root path inside it."""
         self._init(Core(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last,
-                        cache_dir, cache_bytes))
+                        cache_dir, cache_bytes, keep_mode))
 
     @classmethod
     async def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
                    types: Iterable[type] = (), allow_unsafe: bool = False,
-                   keep_last: int | None = None, cache_dir: str | Any | None = None,
+                   keep_last: int | None = None, keep_mode: str = "batch",
+                   cache_dir: str | Any | None = None,
                    cache_bytes: int = CACHE_BYTES, retries: int | None = None,
                    timeout: float | None = None, create: bool = True,
                    compression: str | None = None, compression_level: int | None = None,
@@ -121,7 +124,7 @@ class AsyncCheckpointStore:
         if ring is not None:
             backend = sealed.SealedBackend(backend, ring)
         store = cls.__new__(cls)
-        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes, keep_mode))
         store._core.objects.wanted = settings
         try:
             if isinstance(backend, sealed.SealedBackend):
@@ -139,6 +142,7 @@ class AsyncCheckpointStore:
         self.backend: Backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
+        self.keep_mode = core.keep_mode
 
     async def _run(self, step: Step[T], offload: bool = False) -> T:
         return await arun(step, self.backend, offload=offload)
@@ -165,7 +169,8 @@ class AsyncCheckpointStore:
     async def save(self, thread_id: str, state: Any, *, label: str | None = None,
                    tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
                    expected_head: CheckpointId | None = UNSET, status: str | None = None,
-                   kind: str | None = None, reason: str | None = None) -> CheckpointInfo:
+                   kind: str | None = None, reason: str | None = None,
+                   keep_last: int | None = UNSET) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id`` (see ``CheckpointStore.save``).
         Many tasks may save to one thread at once: every save lands, each on the head before
         it (compare-and-swap)."""
@@ -173,7 +178,8 @@ class AsyncCheckpointStore:
             return await self._run(self._core.save(thread_id, state, label=label, tags=tags,
                                                    metadata=metadata,
                                                    expected_head=expected_head, status=status,
-                                                   kind=kind, reason=reason),
+                                                   kind=kind, reason=reason,
+                                                   keep_last=keep_last),
                                    offload=True)  # encoding and hashing off the loop
 
     # --- reading ---
@@ -278,6 +284,16 @@ class AsyncCheckpointStore:
         return await self._run(self._upkeep.prune(thread_id, keep_last=keep_last,
                                                 older_than=older_than, keep_labeled=keep_labeled,
                                                 keep_tags=keep_tags, dry_run=dry_run))
+
+    async def expire(self, *, idle_for: timedelta, dry_run: bool = False,
+                     keep_labeled: bool = False, keep_tags: Iterable[str] = (),
+                     thread_id: str | None = None,
+                     group: Callable[[str], str | None] | None = None) -> ExpireReport:
+        """Delete the refs of idle threads (see ``CheckpointStore.expire``)."""
+        return await self._run(self._upkeep.expire(idle_for=idle_for, dry_run=dry_run,
+                                                   keep_labeled=keep_labeled,
+                                                   keep_tags=keep_tags, thread_id=thread_id,
+                                                   group=group))
 
     async def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                      dry_run: bool = False) -> RepackReport:

@@ -23,6 +23,7 @@ from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import rekey as rotation
+from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.maintenance.verify_report import Progress, VerifyReport
@@ -76,14 +77,16 @@ class CheckpointStore:
 
     def __init__(self, fs: Any, root: str, *, types: Iterable[type] = (),
                  allow_unsafe: bool = False, keep_last: int | None = None,
-                 cache_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 keep_mode: str = "batch", cache_dir: str | None = None,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         self._init(Core(backend_for(fs, root, allow_unsafe=allow_unsafe), types, keep_last,
-                        cache_dir, cache_bytes))
+                        cache_dir, cache_bytes, keep_mode))
 
     @classmethod
     def open(cls, url: str | Any, *, storage_options: Mapping[str, Any] | None = None,
              types: Iterable[type] = (), allow_unsafe: bool = False,
-             keep_last: int | None = None, cache_dir: str | Any | None = None,
+             keep_last: int | None = None, keep_mode: str = "batch",
+             cache_dir: str | Any | None = None,
              cache_bytes: int = CACHE_BYTES, retries: int | None = None,
              timeout: float | None = None, create: bool = True,
              compression: str | None = None, compression_level: int | None = None,
@@ -92,7 +95,11 @@ class CheckpointStore:
         holds no store raises NotFoundError and nothing is created. ``types`` lists the dataclasses,
         pydantic models and enums that states may hold; nothing else is ever constructed.
         ``keep_last=N`` prunes each thread as it is saved to, keeping its last N checkpoints
-        (and labelled/tagged ones); off by default, so no history is dropped unasked.
+        (and labelled ones); off by default, so no history is dropped unasked. With
+        ``keep_mode="batch"`` (the default) it prunes every max(16, N // 4) saves past N (a
+        thread holds up to N + that many; the log is rebuilt once per batch); with
+        ``keep_mode="exact"`` every save past N drops what goes past N, in the save's own
+        compare-and-swap (``keep_last=1``: a thread holds its latest checkpoint alone).
         Packs read are kept in memory (``cache_bytes``, LRU) and, with ``cache_dir``, in that
         local folder too (for S3 stores: a new process then reads its packs from disk). Packs
         are immutable and re-hashed when read back, so neither cache can go stale.
@@ -123,7 +130,7 @@ class CheckpointStore:
                                retries=retries, timeout=timeout, create=create)
         if ring is not None:
             backend = sealed.SealedBackend(backend, ring)
-        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes, keep_mode))
         store._core.objects.wanted = settings
         if isinstance(backend, sealed.SealedBackend):
             store._run(crypto.opening(url, store._core.objects, backend, create))
@@ -144,12 +151,13 @@ class CheckpointStore:
 
     @classmethod
     def from_backend(cls, backend: Backend, *, types: Iterable[type] = (),
-                     keep_last: int | None = None, cache_dir: str | Any | None = None,
+                     keep_last: int | None = None, keep_mode: str = "batch",
+                     cache_dir: str | Any | None = None,
                      cache_bytes: int = CACHE_BYTES) -> CheckpointStore:
         """A store over a backend object (``cas_checkpoint.backends``): another store object
         on the same storage, with caches of its own."""
         store = cls.__new__(cls)
-        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes))
+        store._init(Core(backend, types, keep_last, cache_dir, cache_bytes, keep_mode))
         return store
 
     def _init(self, core: Core) -> None:
@@ -158,6 +166,7 @@ class CheckpointStore:
         self.backend = core.backend
         self.types = core.types
         self.keep_last = core.keep_last
+        self.keep_mode = core.keep_mode
         self.refs: Any = _Blocking(core.refs, core.backend)
         self.objects: Any = _Blocking(core.objects, core.backend)
 
@@ -176,18 +185,22 @@ class CheckpointStore:
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
              expected_head: CheckpointId | None = UNSET, status: str | None = None,
-             kind: str | None = None, reason: str | None = None) -> CheckpointInfo:
+             kind: str | None = None, reason: str | None = None,
+             keep_last: int | None = UNSET) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id``; its parent is the current head.
 
         With ``expected_head`` (an id, or None for "the thread must not exist yet") the save
         raises ConflictError instead of adding to a head that moved. ``status`` (in_progress,
         completed, failed, halted; ``reason`` says why for the last two) and ``kind``
         (automatic, manual, pre_operation, recovery) are stored with the checkpoint and its
-        log entry: ``find``/``history`` filter on them without loading states."""
+        log entry: ``find``/``history`` filter on them without loading states. ``keep_last=N``
+        keeps the thread's last N checkpoints exactly (and the labelled ones), dropping the
+        rest in this save's compare-and-swap, whatever the store's own ``keep_last``."""
         with self._core.turns.hold(thread_id):  # (this process's saves to it take turns)
             return self._run(self._core.save(thread_id, state, label=label, tags=tags,
                                              metadata=metadata, expected_head=expected_head,
-                                             status=status, kind=kind, reason=reason))
+                                             status=status, kind=kind, reason=reason,
+                                             keep_last=keep_last))
 
     # --- reading ---
 
@@ -314,6 +327,24 @@ class CheckpointStore:
         return self._run(self._upkeep.prune(thread_id, keep_last=keep_last, older_than=older_than,
                                           keep_labeled=keep_labeled, keep_tags=keep_tags,
                                           dry_run=dry_run))
+
+    def expire(self, *, idle_for: timedelta, dry_run: bool = False, keep_labeled: bool = False,
+               keep_tags: Iterable[str] = (), thread_id: str | None = None,
+               group: Callable[[str], str | None] | None = None) -> ExpireReport:
+        """Delete the refs of threads idle for ``idle_for`` or more: neither saved to (nor
+        forked, pruned, rewritten) within it, by the storage's clock, nor holding a checkpoint
+        created within it. Kept on request: threads with a labelled checkpoint
+        (``keep_labeled=True``) or one tagged with one of ``keep_tags``. Each ref is deleted by
+        compare-and-swap on the version judged idle: a thread saved to meanwhile is kept.
+        Threads that ``group(thread_id)`` maps to one key (not None) expire together, when all
+        of them are idle (e.g. one session's threads; the LangGraph saver groups a thread's
+        namespaces so). Refs only: ``gc()`` then deletes what only the expired threads reached.
+        ``report.expired``
+        (thread id -> ``ExpiredThread``), ``report.kept`` (threads kept, per reason),
+        ``report.requests`` (storage requests by kind), ``report.to_text()``."""
+        return self._run(self._upkeep.expire(idle_for=idle_for, dry_run=dry_run,
+                                             keep_labeled=keep_labeled, keep_tags=keep_tags,
+                                             thread_id=thread_id, group=group))
 
     def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,
                dry_run: bool = False) -> RepackReport:

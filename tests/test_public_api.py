@@ -14,7 +14,8 @@ PUBLIC = {
     "cas_checkpoint": {
         "AsyncCheckpointStore", "BundleReport", "CasError", "Change", "Checkpoint",
         "CheckpointId", "CheckpointInfo", "CheckpointStore", "ConflictError", "CopyReport",
-        "FormatError", "GCReport", "IntegrityError", "InvalidArgumentError", "Key", "Match",
+        "ExpireReport", "FormatError", "GCReport", "IntegrityError", "InvalidArgumentError", "Key",
+        "Match",
         "NotFoundError", "ObjectId", "Problem", "PruneReport", "RepackReport", "SearchResult",
         "SerializationError", "StateDiff", "StatePart", "StorageError", "StoreStats", "ThreadStats",
         "TypeRegistry", "UnsafeStorageError", "Unread", "VerifyReport", "copy_threads",

@@ -163,6 +163,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-tag", action="append", default=[], metavar="TAG",
                    help="keep checkpoints with this tag (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
+    p = cmd("expire", write.cmd_expire, "delete threads nobody saved to for a while (gc then "
+            "reclaims their bytes)")
+    p.add_argument("store")
+    p.add_argument("thread", nargs="?", default=None, help="one thread (default: every thread)")
+    p.add_argument("--idle", type=duration, required=True, metavar="AGE",
+                   help="expire threads neither saved to nor written for AGE (30m, 12h, 7d, 2w)")
+    p.add_argument("--keep-labeled", action=argparse.BooleanOptionalAction, default=False,
+                   help="keep threads that have a labelled checkpoint (default: no)")
+    p.add_argument("--keep-tag", action="append", default=[], metavar="TAG",
+                   help="keep threads with a checkpoint tagged TAG (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
     p = cmd("gc", write.cmd_gc, "repack, then delete what no checkpoint reaches (safe while "
             "agents write)")
     p.add_argument("store")

@@ -14,7 +14,7 @@ FLAGS: dict[str, str | None] = {
     "encryption": "--key-file", "force": "--force", "grace": "--grace", "deep": "--deep",
     "sample": "--sample", "thread_id": "--thread", "all_history": "--all-history",
     "regex": "--regex", "keep_last": "--keep-last", "older_than": "--older-than",
-    "keep_tags": "--keep-tag", "keep_labeled": "--keep-labeled",
+    "keep_tags": "--keep-tag", "keep_labeled": "--keep-labeled", "idle_for": "--idle",
     "compression": "--compression", "compression_level": "--level", "limit": "--limit",
     "timeout": "--timeout", "retries": "--retries", "as_thread": "--as", "dry_run": "--dry-run",
     "types": "--types", "storage_options": "--storage-option",
@@ -24,7 +24,8 @@ FLAGS: dict[str, str | None] = {
 # Store methods -> the command that runs them.
 COMMANDS = {
     "threads": "threads STORE", "history": "log STORE THREAD", "verify": "verify STORE",
-    "gc": "gc STORE", "prune": "prune STORE", "rekey": "rekey STORE", "fork": "fork",
+    "gc": "gc STORE", "prune": "prune STORE", "expire": "expire STORE", "rekey": "rekey STORE",
+    "fork": "fork",
     "rewind": "rewind", "stats": "stats STORE", "search": "search STORE QUERY",
     "diff": "diff STORE A B", "export_thread": "export", "import_bundle": "import",
     "delete_thread": "delete-thread", "delete": "delete", "copy_threads": "copy",
@@ -46,6 +47,7 @@ _PHRASES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"threads\(\) lists the threads there are", "`cas-checkpoint threads STORE` lists them"),
     (r"pass regex=False", "leave out --regex"),
     (r"older_than=timedelta\(\.\.\.\)", "--older-than AGE"),
+    (r"idle_for=timedelta\(days=30\)", "--idle 30d"),
     (r"Open it without compression= to use its own settings",
      "Leave out --compression and --level to use its own settings"),
     (r"(`cas-checkpoint keygen` or )?Key\.generate\(\)(?:\.to_text\(\))?",

@@ -1,5 +1,6 @@
-"""Commands that change a store: init, fork, rewind, delete, delete-thread, prune, gc. Each
-names what it changed; ``--dry-run`` (prune, gc) changes nothing and says what would go."""
+"""Commands that change a store: init, fork, rewind, delete, delete-thread, prune, expire, gc.
+Each names what it changed; ``--dry-run`` (prune, expire, gc) changes nothing and says what
+would go."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from cas_checkpoint.cli.common import (
 from cas_checkpoint.cli.progress import bar
 from cas_checkpoint.cli.wording import for_cli
 from cas_checkpoint.humanize import human_bytes, plural
+from cas_checkpoint.integrations.langgraph_threads import thread_of
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -218,6 +220,24 @@ def _prune_text(args: argparse.Namespace, total: PruneReport, plans: dict[str, l
             for info in pl.removed:
                 print(f"would remove {t}  {info.id[:12]}  LangGraph checkpoint "
                       f"{info.metadata['lg']} (step {lg.lg_meta(info).get('step')})")
+
+
+def cmd_expire(args: argparse.Namespace) -> int:
+    """Delete the refs of idle threads: the totals first; each thread with -v."""
+    store = open_store(args)
+    thread = lg.thread_name(store.threads(), args.thread) if args.thread else None
+    report = store.expire(idle_for=args.idle, dry_run=args.dry_run,
+                          keep_labeled=args.keep_labeled, keep_tags=args.keep_tag,
+                          thread_id=thread, group=thread_of)  # (a LangGraph thread's
+    # namespaces expire together)
+    if args.json:
+        emit_json(report.to_dict())
+        return OK
+    print(for_cli(report.to_text(by_thread=args.verbose)))
+    if not args.verbose and report.expired:
+        print("(-v lists each thread" + (" that would go" if args.dry_run else "")
+              + "; --json too)")
+    return OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:

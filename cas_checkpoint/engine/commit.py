@@ -72,6 +72,8 @@ class Part:
     reason: str | None
     parents: tuple[CheckpointId, ...] | None  # None: the head it is appended to
     check: Check | None = None
+    keep: tuple[int | None, bool] = (None, False)  # keep_last and exact: this save's policy
+    retain: retention.Retain | None = None  # entries -> the entries to keep (integrations)
     # set by each attempt of ``commit``:
     record: Record | None = field(default=None, repr=False)
     entry: LogEntry | None = field(default=None, repr=False)
@@ -82,9 +84,15 @@ def prepare(core: Core, state: Any, *, label: str | None = None, tags: Iterable[
             metadata: dict[str, Any] | None = None,
             parents: Iterable[CheckpointId] | None = None, check: Check | None = None,
             status: str | None = None, kind: str | None = None,
-            reason: str | None = None) -> Part:
+            reason: str | None = None, keep_last: int | None = UNSET,
+            retain: retention.Retain | None = None) -> Part:
     """Check a save's arguments and split its state into nodes (raises before anything is
-    written)."""
+    written). ``keep_last`` (this save only: exact) or the store's ``keep_last`` (exact or in
+    batches, by ``keep_mode``) and ``retain`` drop checkpoints from the log in the commit."""
+    if keep_last is not UNSET and keep_last is not None:
+        retention.check_policy(keep_last, None)
+    keep = ((core.keep_last, core.keep_mode == "exact") if keep_last is UNSET
+            else (keep_last, True))
     label, tags_t, meta = check_meta(label, tags, metadata)
     status, kind, reason = model.check_annotations(status, kind, reason)
     given = None if parents is None else tuple(check_id(p, "parent") for p in parents)
@@ -103,7 +111,7 @@ def prepare(core: Core, state: Any, *, label: str | None = None, tags: Iterable[
         del nodes[root]  # (the build's own dict: nothing else holds it)
         hashed(inline, root)  # (the build hashed it: its record need not again)
     return Part(root, size, nodes, encoded, inline, label, tags_t, meta, status, kind, reason,
-                given, check)
+                given, check, keep, retain)
 
 
 class _NoneLeft(Exception):
@@ -201,12 +209,14 @@ def _append(core: Core, head: Head, part: Part, segments: dict[ObjectId, bytes]
     cid = CheckpointId(object_id(data))
     entry = record.entry(cid)
     after = log_append(head, entry, segments)
-    # Retention on save (open(keep_last=N)): every few saves past N, drop the oldest
-    # unlabelled checkpoints in this same compare-and-swap (gc.prune_due: amortised).
-    keep = core.keep_last
-    if keep is not None and retention.prune_due(after.count, keep):
+    # Retention on save (open(keep_last=N), save(keep_last=N), an integration's retain): drop
+    # the oldest unlabelled checkpoints in this same compare-and-swap, past N exactly or every
+    # few saves past N (retention.prune_due: amortised).
+    keep_n, exact = part.keep
+    if part.retain is not None or retention.prune_due(after.count, keep_n, exact):
         segments.clear()
-        after = yield from retention.pruned_head(core.refs, head, entry, keep, segments)
+        after = yield from retention.pruned_head(core.refs, head, entry, keep_n, segments,
+                                                 part.retain)
         got = yield from core.refs.missing(head, segments)
         segments.clear()
         segments.update(got)

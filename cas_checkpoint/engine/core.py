@@ -51,9 +51,11 @@ class Core:
 
     def __init__(self, backend: Backend, types: Iterable[type] | TypeRegistry,
                  keep_last: int | None = None,
-                 cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_dir: str | Any | None = None, cache_bytes: int = CACHE_BYTES,
+                 keep_mode: str = "batch") -> None:
         if keep_last is not None:
             retention.check_policy(keep_last, None)
+        self.keep_mode = retention.check_mode(keep_mode)
         if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
             raise InvalidArgumentError(f"cache_bytes must be a non-negative int, not "
                                        f"{cache_bytes!r}")
@@ -88,16 +90,21 @@ class Core:
              parents: Iterable[CheckpointId] | None = None,
              check: Callable[[Head], Step[dict[str, Any] | None]] | None = None,
              status: str | None = None,
-             kind: str | None = None, reason: str | None = None) -> Step[CheckpointInfo]:
+             kind: str | None = None, reason: str | None = None,
+             keep_last: int | None = UNSET,
+             retain: retention.Retain | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
         would extend, and may raise to refuse it: a condition on more than the head's id. What
         it returns is added to ``metadata``, checked as metadata is: facts about the log the
-        entry extends, exact whatever other writers did.)"""
+        entry extends, exact whatever other writers did. ``keep_last`` (this save only: exact)
+        or the store's ``keep_last`` (exact or in batches, by ``keep_mode``) and ``retain``
+        (entries -> the entries to keep, for an integration) drop checkpoints from the log in
+        the same compare-and-swap.)"""
         t0 = time.perf_counter()
         thread_key(thread_id)
         part = group.prepare(self, state, label=label, tags=tags, metadata=metadata,
                               parents=parents, check=check, status=status, kind=kind,
-                              reason=reason)
+                              reason=reason, keep_last=keep_last, retain=retain)
         got = (yield from self.commit(thread_id, [part], expected_head=expected_head))[0]
         if isinstance(got, Exception):
             raise got
@@ -125,7 +132,7 @@ class Core:
         """Another engine over the same storage and settings, storing the classes of ``types``
         (caches of its own; no ``keep_last``): for an integration that drives these steps as
         a third face (CasSaver)."""
-        core = Core(self.backend, types, None)
+        core = Core(self.backend, types, None)  # (an integration retains by ``retain``)
         core.objects.wanted = self.objects.wanted  # the store's compression
         return core
 

@@ -177,25 +177,47 @@ def prune(refs: RefStore, threads: Iterable[str], *, keep_last: int | None,
     return report
 
 
+Retain = Callable[[list[LogEntry]], list[LogEntry]]
+"""Which entries of a log (oldest first, the new head's last) a save keeps: an integration's
+own rule (the LangGraph saver's shallow mode), applied in the save's compare-and-swap."""
+
+KEEP_MODES = ("batch", "exact")
+
+
+def check_mode(keep_mode: object) -> str:
+    if keep_mode not in KEEP_MODES:
+        raise InvalidArgumentError(f"keep_mode must be 'batch' (prune every few saves past "
+                                   f"keep_last: cheaper) or 'exact' (never more than keep_last "
+                                   f"checkpoints, and the labelled ones), not {keep_mode!r}")
+    return str(keep_mode)
+
+
 def save_slack(keep_last: int) -> int:
     """Prune-on-save runs when a thread reaches keep_last + a multiple of this."""
     return max(LEAF, keep_last // 4)
 
 
-def prune_due(count: int, keep_last: int) -> bool:
-    """Whether a save that brought a thread to ``count`` checkpoints should prune it: every
-    ``save_slack`` saves past ``keep_last`` (so the log rebuild is amortised, even when labelled
-    checkpoints keep the thread longer than keep_last)."""
-    return count > keep_last and (count - keep_last) % save_slack(keep_last) == 0
+def prune_due(count: int, keep_last: int | None, exact: bool = False) -> bool:
+    """Whether a save that brought a thread to ``count`` checkpoints should prune it: with
+    ``exact``, whenever it holds more than ``keep_last``; else every ``save_slack`` saves past
+    ``keep_last`` (so the log rebuild is amortised, even when labelled checkpoints keep the
+    thread longer than keep_last)."""
+    if keep_last is None or count <= keep_last:
+        return False
+    return exact or (count - keep_last) % save_slack(keep_last) == 0
 
 
-def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int,
-                new: dict[ObjectId, bytes]) -> Step[Head]:
-    """``head`` plus ``entry`` (the new head), keeping its last ``keep_last`` checkpoints and
-    the labelled ones; new segments go into ``new``."""
-    entries = (yield from refs.entries(head)) + [entry]
-    kept, _ = select(entries, entry.id, keep_last=keep_last, older_than=None,
-                     keep_labeled=True, now=0.0)
+def pruned_head(refs: RefStore, head: Head, entry: LogEntry, keep_last: int | None,
+                new: dict[ObjectId, bytes], retain: Retain | None = None) -> Step[Head]:
+    """``head`` plus ``entry`` (the new head), keeping what ``retain`` keeps of its log, then
+    of those its last ``keep_last`` checkpoints and the labelled ones; new segments go into
+    ``new``."""
+    kept = (yield from refs.entries(head)) + [entry]
+    if retain is not None:
+        kept = [e for e in retain(kept) if e.id != entry.id] + [entry]
+    if keep_last is not None:
+        kept, _ = select(kept, entry.id, keep_last=keep_last, older_than=None,
+                         keep_labeled=True, now=0.0)
     return build(head, kept, entry.id, new)
 
 

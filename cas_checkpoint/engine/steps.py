@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cas_checkpoint.backends.base import Backend
+from cas_checkpoint.engine import telemetry
 
 T = TypeVar("T")
 
@@ -203,6 +204,8 @@ def done(value: T) -> Step[T]:
 
 def run(step: Step[T], backend: Backend) -> T:
     """Carry ``step`` out with the backend's sync methods."""
+    if telemetry.ENABLED:  # (a public operation runs in a span: telemetry.py)
+        step = telemetry.traced(step)
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -237,6 +240,9 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
     first request (a save's encoding and hashing) runs on the backend's thread pool (none for
     memory://), so a large state does not hold the loop."""
     import asyncio  # (here: a process that never awaits a store does not import asyncio)
+
+    if telemetry.ENABLED:  # (a public operation runs in a span: telemetry.py)
+        step = telemetry.traced(step)
 
     value: Any = None
     error: BaseException | None = None

@@ -27,3 +27,10 @@ def parse_name(name: str) -> tuple[str, str] | None:
     if type(got) is list and len(got) == 2 and type(got[0]) is str and type(got[1]) is str:
         return got[0], got[1]
     return None
+
+
+def thread_of(name: str) -> str | None:
+    """The LangGraph thread id of a store thread CasSaver writes, else None: the key by which
+    ``expire`` keeps a thread's namespaces together (``group=``)."""
+    got = parse_name(name)
+    return None if got is None else got[0]

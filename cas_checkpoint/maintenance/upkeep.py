@@ -4,7 +4,7 @@ stats), over the engine (``Core``) of a store object: what both faces drive."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from cas_checkpoint.engine.refs import Ref, RefStore
 from cas_checkpoint.engine.steps import List, Step
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.objects import LogEntry
+from cas_checkpoint.maintenance import expire as expiry
 from cas_checkpoint.maintenance import gc as gcmod
 from cas_checkpoint.maintenance import repack as repackmod
 from cas_checkpoint.maintenance import stats as usage
@@ -63,6 +64,20 @@ class Maintenance:
             self.core.forget_thread(t, ref_only=True)
         if report.removed:
             log.info("prune %s", report.to_text().replace("\n", "; "))
+        return report
+
+    def expire(self, *, idle_for: timedelta, dry_run: bool = False,
+               keep_labeled: bool = False, keep_tags: Iterable[str] = (),
+               thread_id: str | None = None, only: Callable[[str], bool] | None = None,
+               group: Callable[[str], str | None] | None = None
+               ) -> Step[expiry.ExpireReport]:
+        report = yield from expiry.expire(self.backend, self.refs, idle_for=idle_for,
+                                          dry_run=dry_run, keep_labeled=keep_labeled,
+                                          keep_tags=keep_tags, thread_id=thread_id, only=only,
+                                          group=group)
+        for t in report.expired:
+            self.core.forget(t)
+        log.info("expire %s", report.to_text())
         return report
 
     def repack(self, thread_id: str | None = None, *, min_garbage: float = 0.25,

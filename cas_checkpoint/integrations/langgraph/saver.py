@@ -10,6 +10,7 @@ import random
 import sys
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -24,15 +25,19 @@ from langgraph.checkpoint.base import (
 
 from cas_checkpoint.backends import Backend, open_backend_async
 from cas_checkpoint.engine.steps import Step, arun, run
-from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.errors import CasError, InvalidArgumentError
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
 from cas_checkpoint.integrations.langgraph.group import Groups
-from cas_checkpoint.integrations.langgraph.keys import _key, _target
+from cas_checkpoint.integrations.langgraph.keys import _key, _parse, _target
 from cas_checkpoint.integrations.langgraph.registry import _register_any, saver_registry, set_hooks
 from cas_checkpoint.integrations.langgraph.schemas import Learned
 from cas_checkpoint.integrations.langgraph.steps import RECENT
+from cas_checkpoint.integrations.langgraph.ttl import ttl_of
 from cas_checkpoint.integrations.langgraph.walks import Walks
+from cas_checkpoint.integrations.langgraph_threads import thread_of
+from cas_checkpoint.maintenance.expire import ExpireReport
+from cas_checkpoint.maintenance.upkeep import Maintenance
 from cas_checkpoint.store import CheckpointStore, engine_for
 
 log = logging.getLogger("cas_checkpoint")
@@ -50,7 +55,8 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     """A LangGraph checkpointer storing into a cas_checkpoint store (see the module docs)."""
 
     def __init__(self, store: CheckpointStore, *, types: Iterable[type] = (),
-                 conflicts: str = "keep", unregistered: str = "data") -> None:
+                 conflicts: str = "keep", unregistered: str = "data", shallow: bool = False,
+                 ttl: Mapping[str, Any] | timedelta | None = None) -> None:
         """``conflicts="keep"`` (the default): when two writers put checkpoints on one thread,
         both are kept, each with the parent LangGraph gave it. ``"raise"``: a put whose parent
         is not the thread's latest checkpoint raises ``ConflictError`` (checked inside the
@@ -62,8 +68,23 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         model or enum member whose class this saver was not given (``types=``, LangGraph's
         ``with_allowlist``, the calling graph's own schemas) is stored as its data and comes
         back as that data (a dict; a warning names the ``types=`` fix). ``"raise"``: it is
-        refused on put (``SerializationError``) and on load (``FormatError``)."""
+        refused on put (``SerializationError``) and on load (``FormatError``).
+
+        ``shallow=True`` keeps only each namespace's latest checkpoint and its pending writes,
+        dropped in each put's own compare-and-swap (as LangGraph's shallow savers do:
+        ``get_state_history`` returns one checkpoint); a graph with DeltaChannels also keeps
+        the ancestors down to their snapshots. gc then reclaims the rest.
+
+        ``ttl``: a thread none of whose namespaces was saved to for that long expires (its refs
+        are deleted; gc reclaims its bytes). LangGraph's settings as they are
+        (``{"default_ttl": MINUTES, "sweep_interval_minutes": MINUTES, "strategy": "delete"}``)
+        or a ``timedelta``. ``sweep()`` expires now; with ``sweep_interval_minutes`` a put
+        sweeps when that long has passed since this saver's last sweep."""
         super().__init__()
+        if not isinstance(shallow, bool):
+            raise InvalidArgumentError(f"shallow must be True or False, not {shallow!r}")
+        self.shallow = shallow
+        self.ttl = ttl_of(ttl)
         if unregistered not in ("data", "raise"):
             raise InvalidArgumentError("unregistered must be 'data' or 'raise', not "
                                        f"{unregistered!r}")
@@ -91,11 +112,13 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     @classmethod
     def from_url(cls, url: str, *, storage_options: Mapping[str, Any] | None = None,
                  types: Iterable[type] = (), conflicts: str = "keep",
-                 unregistered: str = "data", **open_kw: Any) -> CasSaver:
+                 unregistered: str = "data", shallow: bool = False,
+                 ttl: Mapping[str, Any] | timedelta | None = None, **open_kw: Any) -> CasSaver:
         """Open (creating if needed) the store at ``url`` (a path, ``memory://``, ``s3://``;
         ``open_kw`` as for ``CheckpointStore.open``) and a saver over it."""
         return cls(CheckpointStore.open(url, storage_options=storage_options, **open_kw),
-                   types=types, conflicts=conflicts, unregistered=unregistered)
+                   types=types, conflicts=conflicts, unregistered=unregistered,
+                   shallow=shallow, ttl=ttl)
 
     # --- drivers -----------------------------------------------------------------------------
 
@@ -173,12 +196,42 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             if cls not in self._core.types:
                 _register_any(self._core.types, cls)
 
+    # --- time-to-live ------------------------------------------------------------------------
+
+    def _sweep(self, dry_run: bool) -> Step[ExpireReport]:
+        """Expire the LangGraph threads none of whose namespaces is recent (each namespace by
+        compare-and-swap: one saved to meanwhile stays)."""
+        if self.ttl is None:
+            raise InvalidArgumentError("this saver has no ttl; pass CasSaver(store, "
+                                       "ttl={'default_ttl': MINUTES}) or ttl=timedelta(...)")
+        return (yield from Maintenance(self._core).expire(
+            idle_for=self.ttl.idle_for, dry_run=dry_run,
+            only=lambda name: _parse(name) is not None, group=thread_of))
+
+    def sweep(self, *, dry_run: bool = False) -> ExpireReport:
+        """Expire the threads idle for the saver's ``ttl`` now (``report.expired`` names the
+        store threads, one per namespace); run ``store.gc()`` after to reclaim their bytes."""
+        return self._run(self._sweep(dry_run))  # type: ignore[no-any-return]
+
+    async def asweep(self, *, dry_run: bool = False) -> ExpireReport:
+        """``sweep``, awaited."""
+        return await self._arun(self._sweep(dry_run))  # type: ignore[no-any-return]
+
+    def _sweep_due(self) -> bool:
+        return self.ttl is not None and self.ttl.due()
+
     # --- the sync face -----------------------------------------------------------------------
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
         with self._core.turns.hold(_key(*_target(config))):  # (LangGraph calls from a pool)
-            return self._run(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+            out = self._run(self._put(config, checkpoint, metadata, new_versions))
+        if self._sweep_due():
+            try:
+                self.sweep()
+            except CasError as exc:  # a sweep never fails the put it follows
+                log.warning("ttl sweep failed (the next one retries): %s", exc)
+        return out  # type: ignore[no-any-return]
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
@@ -232,9 +285,17 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         """(The puts and pending writes of one thread in flight together share one commit:
         ``group.py``.)"""
         backend = await self._async_backend()
-        name, part, finish = await arun(self._put_part(config, checkpoint, metadata,
-                                                       new_versions), backend)
-        return finish(await self._groups.save(name, part, backend))
+        name, part, finish, tidy = await arun(self._put_part(config, checkpoint, metadata,
+                                                             new_versions), backend)
+        out = finish(await self._groups.save(name, part, backend))
+        if tidy is not None:
+            await arun(tidy(), backend)
+        if self._sweep_due():
+            try:
+                await self.asweep()
+            except CasError as exc:  # a sweep never fails the put it follows
+                log.warning("ttl sweep failed (the next one retries): %s", exc)
+        return out
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:

@@ -41,12 +41,25 @@ from cas_checkpoint.integrations.langgraph.meta import from_log, to_log
 RECENT = 16  # checkpoints whose states the delta-channel walk loads in one batch
 
 
+def shallow(entries: list[LogEntry]) -> list[LogEntry]:
+    """What a shallow saver keeps of a namespace's log (oldest first, the new entry last): its
+    latest LangGraph checkpoint and the pending writes to it (an ``engine`` ``Retain``)."""
+    latest = next((e.metadata["lg"] for e in reversed(entries) if "lg" in e.metadata), None)
+    return [e for e in entries
+            if latest is not None and latest in (e.metadata.get("lg"), e.metadata.get("w"))]
+
+
 class Steps:
     """The reads and writes of CasSaver, over ``self._core``."""
 
     _core: Core
     _encoder: PutEncoder
     conflicts: str
+    shallow: bool
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str, only_ns: str | None = None
+               ) -> Step[None]:  # pragma: no cover - walks.py has it
+        raise NotImplementedError
 
     def _all(self, name: str) -> Step[list[CheckpointInfo]]:
         """A store thread's entries (metadata only), newest first; [] if it does not exist."""
@@ -108,16 +121,20 @@ class Steps:
 
     def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
              new_versions: ChannelVersions) -> Step[RunnableConfig]:
-        name, part, finish = yield from self._put_part(config, checkpoint, metadata,
-                                                       new_versions)
-        return finish((yield from self._commit_one(name, part)))
+        name, part, finish, tidy = yield from self._put_part(config, checkpoint, metadata,
+                                                             new_versions)
+        out = finish((yield from self._commit_one(name, part)))
+        if tidy is not None:
+            yield from tidy()
+        return out
 
     def _put_part(self, config: RunnableConfig, checkpoint: Checkpoint,
                   metadata: CheckpointMetadata, new_versions: ChannelVersions
-                  ) -> Step[tuple[str, Part, Callable[[CheckpointInfo], RunnableConfig]]]:
+                  ) -> Step[tuple[str, Part, Callable[[CheckpointInfo], RunnableConfig],
+                                  Callable[[], Step[None]] | None]]:
         """A put, prepared (its parent found, its state encoded and split: nothing written):
-        its store thread, its part for ``Core.commit``, and what makes the put's answer of the
-        commit's."""
+        its store thread, its part for ``Core.commit``, what makes the put's answer of the
+        commit's, and what to run after the commit (a shallow saver's prune, or None)."""
         thread_id, ns = _target(config)
         parent = get_checkpoint_id(config)
         name = _key(thread_id, ns)
@@ -151,13 +168,20 @@ class Steps:
             return out
 
         state = self._encoder.state(thread_id, ns, checkpoint, new_versions, self._core.types)
-        part = self._core.prepare(state, metadata=meta, parents=parents, check=stamp)
+        # Shallow: the save keeps the latest checkpoint alone, in its compare-and-swap; a graph
+        # with DeltaChannels keeps the ancestors down to their snapshots (a prune after it).
+        deltas = self.shallow and bool(metadata.get("counters_since_delta_snapshot"))
+        part = self._core.prepare(state, metadata=meta, parents=parents, check=stamp,
+                                  retain=shallow if self.shallow and not deltas else None)
 
         def finish(info: CheckpointInfo) -> RunnableConfig:
             self._encoder.saved(thread_id, ns, state, info.id)
             return _config(thread_id, ns, checkpoint["id"])
 
-        return name, part, finish
+        def tidy() -> Step[None]:
+            yield from self._prune([thread_id], "keep_latest", ns)
+
+        return name, part, finish, tidy if deltas else None
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                     task_id: str, task_path: str) -> Step[None]:
@@ -190,7 +214,8 @@ class Steps:
             return {EARLY: early} if early else None
 
         return _key(thread_id, ns), self._core.prepare(
-            state, metadata={"w": cid, "task": task_id}, parents=(), check=stamp)
+            state, metadata={"w": cid, "task": task_id}, parents=(), check=stamp,
+            retain=shallow if self.shallow else None)
 
     def _early(self, head: Head) -> Step[tuple[Cursor, dict[str, str]]]:
         """A cursor over ``head``'s log and the ``lge`` map its newest entry carries."""

@@ -47,7 +47,8 @@ class Walks(Steps):
         else:
             yield from self._core.retain(name, kept)
 
-    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Step[None]:
+    def _prune(self, thread_ids: Sequence[str], strategy: str, only_ns: str | None = None
+               ) -> Step[None]:
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgumentError(f"unknown prune strategy {strategy!r}: use "
                                        "'keep_latest' or 'delete'")
@@ -56,6 +57,8 @@ class Walks(Steps):
                 yield from self._delete_thread(thread_id)
                 continue
             for _name, _t, ns in (yield from self._names(str(thread_id))):
+                if only_ns is not None and ns != only_ns:
+                    continue
                 keep = yield from self._needed(str(thread_id), ns)
                 yield from self._retain(str(thread_id), ns, keep)
 
