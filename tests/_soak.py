@@ -100,6 +100,16 @@ def run_all(cfgs: list[dict[str, Any]]) -> list[Result]:
     return results
 
 
+def load_history(store: CheckpointStore, thread: str) -> dict[str, Any]:
+    """Every checkpoint of the thread's history, by id: their states, decoded from one read of
+    its ref and packs (``store.load`` by id finds its entry by walking the log: a load of each
+    after every kill of a soak was quadratic)."""
+    ids = [h.id for h in store.history(thread)]
+    got = store._run(store._core.load_many(thread, ids))
+    assert list(got) == ids
+    return {cid: cp.state for cid, cp in got.items()}
+
+
 def check_store(store: CheckpointStore, acked: Iterable[tuple[str, str]],
                 states: bool = True) -> int:
     """Every ref decodes; each thread's log is linear (each entry's parent is the one before),

@@ -1,4 +1,11 @@
-"""Shared fixtures: one store per backend (memory, local, S3 on a moto server over HTTP)."""
+"""Shared fixtures: one store per backend (memory, local, S3 on a moto server over HTTP).
+
+Rule: a test that takes ``store``, ``make_store`` or ``backend_kind`` runs on memory:// and a
+local directory; it runs on S3 (s3fs against moto) too only where S3 can show something the
+others cannot -- mark it, or its module, ``@pytest.mark.s3_matters("why")``. The storage side
+of S3 is ``test_backend_contract.py``'s. ``CAS_TEST_BACKENDS=memory,local,s3`` runs every such
+test on the backends listed (e.g. all of them before a release).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import pytest
 from cas_checkpoint import CheckpointStore
 
 BACKENDS = ["memory", "local", "s3"]
+STORE_BACKENDS = ["memory", "local"]  # where store logic runs unless S3 matters (see above)
 
 
 def _free_port() -> int:
@@ -206,8 +214,42 @@ def open_store(kind: str, tmp_path: Any, request: pytest.FixtureRequest,
                                 storage_options=server["storage_options"], **kw)
 
 
-@pytest.fixture(params=BACKENDS)
+def _store_backends(metafunc: pytest.Metafunc) -> list[str]:
+    listed = os.environ.get("CAS_TEST_BACKENDS", "")
+    kinds = [k.strip() for k in listed.split(",") if k.strip()] or list(STORE_BACKENDS)
+    unknown = [k for k in kinds if k not in BACKENDS]
+    if unknown:
+        raise pytest.UsageError(f"CAS_TEST_BACKENDS names {unknown}: list some of {BACKENDS}, "
+                                "separated by commas")
+    mark = metafunc.definition.get_closest_marker("s3_matters")
+    if mark is not None:
+        if not (mark.args and isinstance(mark.args[0], str) and mark.args[0].strip()):
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: s3_matters needs a reason: "
+                                    "@pytest.mark.s3_matters(\"what only S3 shows\")")
+        if "s3" not in kinds:
+            kinds.append("s3")
+    return kinds
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``backend_kind`` for the tests that take it and do not list their own kinds."""
+    if "backend_kind" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if "backend_kind" in names:
+            return  # the test lists its own kinds
+    face = getattr(metafunc.module, "FACE", "")  # "-async": the async face of each kind
+    metafunc.parametrize("backend_kind", [k + face for k in _store_backends(metafunc)],
+                         indirect=True)
+
+
+@pytest.fixture
 def backend_kind(request: pytest.FixtureRequest) -> str:
+    """memory or local (s3 too where marked ``s3_matters``): see the module's docstring. A
+    module whose ``FACE = "-async"`` gets each kind's async face (``test_async_contract``)."""
     return str(request.param)
 
 

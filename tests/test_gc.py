@@ -1,4 +1,6 @@
-"""Retention (prune) and garbage collection, on memory://, a local directory and S3 (moto)."""
+"""Retention (prune) and garbage collection, on memory:// and a local directory; gc on S3
+(moto) too, where it judges age by S3's whole-second LastModified, deletes by its own
+strategy and counts requests (``s3_matters``). Prune is ref logic: no backend changes it."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from cas_checkpoint import (
 from cas_checkpoint.backends import Backend, LocalBackend, MemoryBackend, ObjectInfo
 from cas_checkpoint.engine.object_store import key_pack_id
 from cas_checkpoint.maintenance import gc as gcmod
+
+GC_ON_S3 = pytest.mark.s3_matters("gc on S3: 1-second LastModified, its delete strategy, requests")
 
 
 def is_s3(store: CheckpointStore) -> bool:
@@ -198,6 +202,7 @@ def test_prune_due_is_amortised() -> None:
 # --- gc ----------------------------------------------------------------------------------------
 
 
+@GC_ON_S3
 def test_gc_deletes_exactly_the_packs_no_ref_names(store: CheckpointStore) -> None:
     packed(store)
     ids = [store.save("t", state(i)).id for i in range(12)]  # merges leave packs unnamed
@@ -219,6 +224,7 @@ def test_gc_deletes_exactly_the_packs_no_ref_names(store: CheckpointStore) -> No
     assert gc0(store).deleted_objects == 0
 
 
+@GC_ON_S3
 def test_gc_of_a_store_whose_objects_are_all_inline(store: CheckpointStore) -> None:
     ids = [store.save("t", {"step": i}).id for i in range(3)]
     assert pack_ids(store) == set()  # small states live inside the ref
@@ -227,6 +233,7 @@ def test_gc_of_a_store_whose_objects_are_all_inline(store: CheckpointStore) -> N
     assert [fresh(store).load("t", c).state for c in ids] == [{"step": i} for i in range(3)]
 
 
+@GC_ON_S3
 def test_gc_keeps_young_garbage_and_dry_run_deletes_nothing(store: CheckpointStore) -> None:
     packed(store)
     for i in range(8):
@@ -242,6 +249,7 @@ def test_gc_keeps_young_garbage_and_dry_run_deletes_nothing(store: CheckpointSto
     assert "deleted" in real.to_text() and real.to_dict()["deleted_objects"] == len(real.deleted)
 
 
+@GC_ON_S3
 def test_gc_after_delete_thread_removes_all_its_packs(store: CheckpointStore) -> None:
     packed(store)
     for i in range(20):  # more than 16: log segments too
@@ -255,6 +263,7 @@ def test_gc_after_delete_thread_removes_all_its_packs(store: CheckpointStore) ->
     assert store.threads() == []
 
 
+@GC_ON_S3
 def test_gc_keeps_what_a_fork_names(store: CheckpointStore) -> None:
     packed(store)
     ids = [store.save("t", state(i, 40)).id for i in range(20)]
@@ -307,6 +316,7 @@ def age(store: CheckpointStore, pids: set[str], hours: float) -> None:
             f.modified = datetime.fromtimestamp(when, UTC)
 
 
+@GC_ON_S3
 def test_putting_an_existing_pack_refreshes_it(make_store: Any, backend_kind: str) -> None:
     """A writer that puts a pack which exists (a retried save, an identical repack) moves its
     modified time, so a gc judging it by age keeps it."""
@@ -327,6 +337,7 @@ def test_putting_an_existing_pack_refreshes_it(make_store: Any, backend_kind: st
     assert orphan not in set(report.deleted) and orphan in pack_ids(store)
 
 
+@GC_ON_S3
 def test_gc_refuses_subsecond_grace_on_s3_and_bad_grace(store: CheckpointStore) -> None:
     with pytest.raises(InvalidArgumentError):
         store.gc(grace=timedelta(seconds=-1))

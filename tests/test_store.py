@@ -1,4 +1,7 @@
-"""Contract tests for CheckpointStore, run against memory://, a local directory and S3 (moto)."""
+"""Contract tests for CheckpointStore, run against memory:// and a local directory: what they
+assert is the store's logic, the same on every backend. S3's side of it -- objects, refs by
+compare-and-swap, listings -- is ``test_backend_contract.py``'s (on moto); unreachable S3 URLs
+are tested here by name. ``CAS_TEST_BACKENDS=memory,local,s3`` runs them all on S3 too."""
 
 from __future__ import annotations
 
