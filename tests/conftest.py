@@ -20,6 +20,10 @@ import pytest
 
 from cas_checkpoint import CheckpointStore
 
+# the OpenAI Agents SDK (tests/test_openai_agents.py, its guide) exports traces to OpenAI unless
+# told not to: no network, and no "OPENAI_API_KEY is not set" line at exit
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
 BACKENDS = ["memory", "local", "s3"]
 STORE_BACKENDS = ["memory", "local"]  # where store logic runs unless S3 matters (see above)
 
