@@ -41,6 +41,10 @@ class ObjectInfo:
     size: int
     mtime: float  # seconds since the epoch, by the storage's own clock
     regular: bool = True  # False: a folder, a link or a device where a file should be
+    # What changes whenever the bytes do, as the listing gives it ("" where it gives none: the
+    # key must be read to know). S3: the ETag; local disk: inode, size and the ns modified and
+    # change times (``os.utime`` can set the modified time back, not the change time).
+    version: str = ""
 
 
 MAX_REF_BYTES = 4 << 20  # a ref larger than this is refused before it is read
@@ -66,6 +70,9 @@ class Backend(ABC):
     # Capability: the storage keeps writers' temp files and gc's trash on disk, which gc
     # cleans (``restore_trash``, ``delete_stale_temps``).
     housekeeping: bool = False
+    # Capability: ``read_ref``'s version is the one listings give (``ObjectInfo.version``: S3's
+    # ETag), so gc's summary can check that the ref it read is the one it listed.
+    ref_version_listed: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:

@@ -494,8 +494,9 @@ class LocalBackend(Backend):
                     if flat:  # refs/heads holds files only
                         out.append(ObjectInfo(f"{rel}/{name}", 0, st.st_mtime, False))
                     continue  # packs/ab/: a real folder, walked into
-                out.append(ObjectInfo(f"{rel}/{name}", st.st_size, st.st_mtime,
-                                      stat.S_ISREG(st.st_mode)))
+                out.append(ObjectInfo(
+                    f"{rel}/{name}", st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode),
+                    f"{st.st_ino}.{st.st_size}.{st.st_mtime_ns}.{st.st_ctime_ns}"))
             if flat:
                 dirs[:] = []
         return out

@@ -86,6 +86,7 @@ async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
 
 class S3Backend(Backend):
     concurrency = 32
+    ref_version_listed = True  # GetObject and ListObjectsV2 give the same ETag
     backoff = Backoff()  # the only retries of a store opened from a URL (see retry.py)
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
@@ -521,7 +522,8 @@ class S3Backend(Backend):
 
     def _info(self, item: dict[str, Any]) -> ObjectInfo:
         strip = len(self.prefix) + 1 if self.prefix else 0
-        return ObjectInfo(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp())
+        return ObjectInfo(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp(),
+                          version=str(item.get("ETag") or ""))
 
     async def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
         """One ListObjectsV2 paginator over ``prefix`` (a folder)."""
