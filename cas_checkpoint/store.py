@@ -292,10 +292,13 @@ class CheckpointStore:
 
     def verify(self, *, deep: bool = True, sample: float | None = None,
                thread_id: str | None = None, progress: Progress | None = None) -> VerifyReport:
-        """Audit the store: every ref, pack, log segment, record and state node a ref reaches
-        exists, re-hashes to its name and agrees with what names it; ``deep`` also re-hashes
-        every object no checkpoint reaches (or a random ``sample`` fraction of them). Problems
-        name the threads and checkpoints they break; ``report.ok``, ``report.to_text()``,
+        """Audit the store. ``deep`` (the default): every ref, pack, log segment, record and
+        state node a ref reaches exists, re-hashes to its name and agrees with what names it,
+        and every object no checkpoint reaches is re-hashed too (or a random ``sample``
+        fraction of them). ``deep=False`` reads the refs (decoded and checked) and, from a
+        listing, finds each pack they name present at the size its ref records: no pack is
+        read (on S3: one GET a ref, a LIST page per 1,000 packs). Problems name the threads
+        (deep: and checkpoints) they break; ``report.ok``, ``report.to_text()``,
         ``report.to_json()``."""
         return self._run(self._upkeep.verify(deep=deep, sample=sample, thread_id=thread_id,
                                            progress=progress))

@@ -129,7 +129,8 @@ def parser() -> argparse.ArgumentParser:
             "could not be read")
     p.add_argument("store")
     p.add_argument("--deep", action="store_true",
-                   help="also re-hash the objects of every pack that no checkpoint reaches")
+                   help="read and re-hash every pack and every object in it (without it: "
+                   "the refs, and each pack they name present at its size, from a listing)")
     p.add_argument("--sample", type=float, default=None, metavar="F",
                    help="with --deep (implied): re-hash a random fraction F of those objects")
     p.add_argument("--thread", default=None, help="check this thread only")
