@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import blake3
 import msgpack
-import zstandard
 
 from cas_checkpoint.backends import ObjectInfo
 from cas_checkpoint.engine.steps import DeleteMany, GetMany, List, PutMany, Step
@@ -86,11 +85,15 @@ def encode(taken: float, refs: dict[str, Entry]) -> bytes:
                      [table.setdefault(p, len(table)) for p in sorted(e.packs)]])
     raw = msgpack.packb({"v": FORMAT, "taken": taken, "packs": list(table), "refs": rows},
                         use_bin_type=True)
+    import zstandard  # (here: importing the package does not import zstd)
+
     return zstandard.ZstdCompressor(level=3).compress(raw)
 
 
 def decode(key: str, data: bytes) -> Summary:
     """A summary's bytes, checked; FormatError for anything that is not one gc wrote."""
+    import zstandard
+
     if key != key_of(data):
         raise FormatError(f"{key} does not hash to its name")
     try:
