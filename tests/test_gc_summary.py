@@ -147,7 +147,7 @@ def test_summary_from_before_a_save_is_not_trusted(store: CheckpointStore) -> No
     assert named(store) <= pack_ids(store)
 
 
-@pytest.mark.parametrize("garbage", [b"not a summary", b"\x28\xb5\x2f\xfd" + b"\0" * 40])
+@pytest.mark.parametrize("garbage", [b"not a summary", b"\x78\x9c" + b"\0" * 40])
 def test_damaged_summary_is_ignored_and_rebuilt(store: CheckpointStore, garbage: bytes) -> None:
     if store.url.startswith("memory://"):
         pytest.skip("memory:// keeps no summary")

@@ -1,8 +1,9 @@
 """What each ref named at the last gc run, kept in the store so the next run reads only the refs
 that changed since (issue 31; ARCHITECTURE.md invariant 14).
 
-The summary is one object, ``gc/summary/<blake3 of its bytes>``: zstd-compressed msgpack of
-``{"v": 1, "taken": t0, "packs": [pack ids], "refs": [[key, version, mtime, [pack indexes]]]}``.
+The summary is one object, ``gc/summary/<blake3 of its bytes>``: zlib-compressed msgpack of
+``{"v": 1, "taken": t0, "packs": [pack ids], "refs": [[key, version, mtime, [pack indexes]]]}``
+(zlib: the standard library's, so a gc of a plain store imports no zstd).
 It is a cache, never an authority:
 
 * it is verified when read (its name is the hash of its bytes; every field is type- and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -85,21 +87,20 @@ def encode(taken: float, refs: dict[str, Entry]) -> bytes:
                      [table.setdefault(p, len(table)) for p in sorted(e.packs)]])
     raw = msgpack.packb({"v": FORMAT, "taken": taken, "packs": list(table), "refs": rows},
                         use_bin_type=True)
-    import zstandard  # (here: importing the package does not import zstd)
-
-    return zstandard.ZstdCompressor(level=3).compress(raw)
+    return zlib.compress(raw, 6)
 
 
 def decode(key: str, data: bytes) -> Summary:
     """A summary's bytes, checked; FormatError for anything that is not one gc wrote."""
-    import zstandard
-
     if key != key_of(data):
         raise FormatError(f"{key} does not hash to its name")
     try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_BYTES)
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(data, MAX_BYTES)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError(f"larger than {MAX_BYTES} bytes, or cut short")
         got = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
-    except (zstandard.ZstdError, ValueError, msgpack.UnpackException) as exc:
+    except (zlib.error, ValueError, msgpack.UnpackException) as exc:
         raise FormatError(f"{key} is not a gc summary: {exc}") from None
     if not isinstance(got, dict) or got.get("v") != FORMAT:
         raise FormatError(f"{key} is not a gc summary of format {FORMAT}")
