@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -121,6 +121,12 @@ class Backend(ABC):
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         """Delete keys; missing keys are ignored. Returns the keys the storage refused to
         delete (they are still there)."""
+
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """Every key under ``prefix`` (a folder), a page at a time, each page as the storage
+        gives it (S3: up to 1,000 keys a request), so a caller need not hold them all. By
+        default one page: the whole ``list``."""
+        yield self.list(prefix)
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to

@@ -38,7 +38,7 @@ import errno
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
@@ -538,6 +538,17 @@ class S3Backend(Backend):
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         return self._run(self.alist(prefix))
+
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """A ListObjectsV2 page (up to 1,000 keys) at a time, each requested when the one
+        before has been taken."""
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        while True:
+            resp = self._run(self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw)))
+            yield [self._info(item) for item in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
 
     async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
         if not self._native():

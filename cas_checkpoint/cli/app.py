@@ -86,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes", action="store_true",
                    help="also the bytes each thread's packs take (reads every thread's packs "
                    "list and head state)")
+    p.add_argument("--names", action="store_true",
+                   help="only the thread ids, one a line, unsorted, printed a page of the "
+                   "listing at a time (reads no ref but long ids': for a store of millions)")
     p = cmd("log", read.cmd_log, "print the history of a thread, newest first")
     p.add_argument("store")
     p.add_argument("thread")
