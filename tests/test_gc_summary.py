@@ -61,8 +61,9 @@ def test_s3_gc_reads_only_the_refs_that_changed(tmp_path: Any,
     assert again.summary == "used" and again.refs_read == 0 and again.deleted_objects == 0
     # no ref GET: one GET, the summary; LIST: the clock probe, gc/summary, refs/heads (a page
     # per 1,000) twice (the round after listing the packs), and the packs (1 + a page per prefix
-    # over 1,000 packs: 256 prefixes); PUT: the probe and the new summary
+    # over 1,000 packs: 256 prefixes); PUT: the probe (the summary is unchanged)
     assert calls["get_object"] == 1, calls
+    assert calls["put_object"] == 1, calls  # the clock probe: the summary read still holds
     ref_pages = 1 + n // 1000
     assert calls["list_objects_v2"] <= 2 + 2 * ref_pages + 1 + 256, calls
     assert again.requests["get"] == 1

@@ -370,10 +370,12 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
         yield Blocking(backend.restore_trash)
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
     summaries: list[str] = []
+    c.summary = None
     if summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
         c.summary, summaries = yield from ref_summary.load(report.requests)
         if summaries and c.summary is None:
             report.summary = "rebuilt"
+    loaded = c.summary
     c.mark_heads((yield from c.read_refs()))
     listed = yield from c.list_objects()
     for _ in range(REF_ROUNDS):
@@ -407,8 +409,12 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     if backend.housekeeping:
         report.temp_files = yield Blocking(backend.delete_stale_temps, (cutoff, dry_run))
     if summary and not dry_run and any(i.version for i in c.listed.values()):
-        yield from ref_summary.store(t0, {k: c.entries[k] for k in c.listed if k in c.entries},
-                                     summaries, report.requests)
+        entries = {k: c.entries[k] for k in c.listed if k in c.entries}
+        racy = 0.0 if backend.ref_version_listed else ref_summary.RACY
+        if loaded is None or loaded.refs != entries or len(summaries) > 1 or any(
+                e.mtime >= loaded.taken - racy for e in entries.values()):
+            yield from ref_summary.store(t0, entries, summaries, report.requests)
+        # (else the summary read stands as it is: nothing changed, no entry waits to settle)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)
