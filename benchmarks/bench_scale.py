@@ -142,7 +142,7 @@ def run_local(sizes: list[int]) -> None:
 
 def run_s3(sizes: list[int]) -> None:
     rows = []
-    proj: dict[str, Counter[str]] = {}
+    got_at: dict[int, dict[str, Counter[str]]] = {}
     with moto_s3() as opts:
         for n in sizes:
             store = CheckpointStore.open(f"s3://bench/scale-{n}-{os.getpid()}",
@@ -150,25 +150,35 @@ def run_s3(sizes: list[int]) -> None:
             fill(store, n)
             calls = counter(store)
             got = measure(store, n, calls)
+            got_at[n] = {op: c for op, (_, c) in got.items()}
             for op in OPS:
                 if op in got:
                     secs, c = got[op]
                     rows.append([n, op, f"{secs * 1e3:.0f}", c["GET"], c["LIST"], c["PUT"],
                                  f"{c['GET'] / n:.3f}", f"{c['LIST'] / n:.4f}"])
-                    proj[op] = Counter({k: v / n for k, v in c.items()})
             print(f"s3 {n} done", file=sys.stderr, flush=True)
     print("\nS3 (moto): requests of each store-wide operation, and per thread")
     print(table(["threads", "operation", "ms", "GET", "LIST", "PUT", "GET/thread",
                  "LIST/thread"], rows))
-    print(f"\nProjected to 1,000,000 threads from the largest run ({sizes[-1]} threads; "
-          "LIST pages of 1,000 keys, so LIST grows with threads/1,000; a 1% change is 10,000 "
-          "refs)")
+    if len(sizes) < 2:
+        return
+    a, b = sizes[-2], sizes[-1]
+    print(f"\nProjected to 1,000,000 threads: requests = fixed + per thread, the line through "
+          f"the runs at {a} and {b} threads (LIST pages hold 1,000 keys: past 1,000 packs the "
+          "pack listing is a paginator per 256 prefixes, so the line holds once both runs "
+          "are past it); price a run and hourly for a month")
     prows = []
-    for op, per in proj.items():
-        gets, lists = per["GET"] * 1e6, per["LIST"] * 1e6
-        prows.append([op, f"{gets:,.0f}", f"{lists:,.0f}", f"${gets * GET + lists * LIST:.2f}",
-                      f"${(gets * GET + lists * LIST) * 24 * 30:.0f}"])
-    print(table(["operation", "GET", "LIST", "price a run", "hourly, a month"], prows))
+    for op in OPS:
+        if op not in got_at[a] or op not in got_at[b]:
+            continue
+        proj = {}
+        for kind in ("GET", "LIST", "PUT"):
+            slope = (got_at[b][op][kind] - got_at[a][op][kind]) / (b - a)
+            proj[kind] = max(0.0, got_at[b][op][kind] + slope * (1_000_000 - b))
+        price = proj["GET"] * GET + (proj["LIST"] + proj["PUT"]) * LIST
+        prows.append([op, f"{proj['GET']:,.0f}", f"{proj['LIST']:,.0f}", f"{proj['PUT']:,.0f}",
+                      f"${price:.2f}", f"${price * 24 * 30:.0f}"])
+    print(table(["operation", "GET", "LIST", "PUT", "price a run", "hourly, a month"], prows))
 
 
 def main() -> None:
