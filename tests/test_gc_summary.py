@@ -219,3 +219,49 @@ def test_lie_about_one_ref_is_caught_before_deleting(store: CheckpointStore) -> 
     assert report.summary == "rebuilt" and report.deleted_objects >= 1
     assert store.load("t3").state == {"i": 3, "tag": "a", "pad": "x" * 64}
     assert named(store) <= pack_ids(store)
+
+
+# --- stats() from its own summary (maintenance/stats_summary.py) ------------------------------
+
+
+def _top(s: Any) -> tuple[int, int, int, int, int]:
+    return (s.threads, s.checkpoints, s.logical_bytes, s.physical_bytes, s.objects)
+
+
+def test_s3_stats_reads_only_the_refs_that_changed(tmp_path: Any,
+                                                   request: pytest.FixtureRequest) -> None:
+    n = 300
+    store = packed(open_store("s3", tmp_path, request))
+    fill(store, n)
+    for i in range(3):
+        store.save("t0", {"more": i})
+    store.fork("t0", store.history("t0")[1].id, "fork")  # shares 3 checkpoints with t0
+    calls = count_s3(store)
+    first = store.stats()
+    assert calls["get_object"] == n + 1  # every ref (the summary did not exist)
+    assert _top(first) == _top(store.stats(by_thread=True))  # the figures of the full read
+    calls.clear()
+    again = store.stats()
+    assert calls["get_object"] == 1 and calls["put_object"] == 0, calls  # the summary alone
+    assert _top(again) == _top(first)
+    changed = [f"t{i}" for i in range(0, n, 100)]
+    for t in changed:
+        store.save(t, {"changed": t})
+    store.delete_thread("t7")
+    calls.clear()
+    third = store.stats()
+    assert calls["get_object"] == 1 + len(changed), calls
+    assert _top(third) == _top(store.stats(by_thread=True))
+
+
+def test_stats_with_a_damaged_summary_reads_every_ref(store: CheckpointStore) -> None:
+    if store.url.startswith("memory://"):
+        pytest.skip("memory:// keeps no summary")
+    fill(store, 6)
+    time.sleep(ref_summary.RACY + 1)
+    full = _top(store.stats())
+    (key,) = [i.key for i in store.backend.list("stats/summary")]
+    store.backend.delete_many([key])
+    store.backend.put_many({key: b"garbage under a summary's name"})
+    assert _top(store.stats()) == full
+    assert len(store.backend.list("stats/summary")) == 1

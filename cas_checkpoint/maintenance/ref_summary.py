@@ -119,9 +119,9 @@ def decode(key: str, data: bytes) -> Summary:
     return out
 
 
-def newest(listed: Iterable[ObjectInfo]) -> list[ObjectInfo]:
-    """The summaries under ``gc/summary/``, newest first."""
-    return sorted((i for i in listed if i.key.startswith(FOLDER + "/")),
+def newest(listed: Iterable[ObjectInfo], folder: str = FOLDER) -> list[ObjectInfo]:
+    """The summaries under ``folder`` (gc's: ``gc/summary/``), newest first."""
+    return sorted((i for i in listed if i.key.startswith(folder + "/")),
                   key=lambda i: i.mtime, reverse=True)
 
 
@@ -165,10 +165,16 @@ def store(taken: float, refs: dict[str, Entry], old: list[str],
     """Write the summary of this run, then delete the ones before it; returns its key."""
     data = encode(taken, refs)
     key = key_of(data)
-    yield PutMany({key: data})
     requests["put"] += 1
+    if (yield from put_replacing(key, data, old)):
+        requests["delete"] += 1
+    return key
+
+
+def put_replacing(key: str, data: bytes, old: list[str]) -> Step[bool]:
+    """Write a summary, then delete the ones before it (True if there were any)."""
+    yield PutMany({key: data})
     stale = [k for k in old if k != key]
     if stale:
         yield DeleteMany(stale)
-        requests["delete"] += 1
-    return key
+    return bool(stale)
