@@ -413,7 +413,11 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
         racy = 0.0 if backend.ref_version_listed else ref_summary.RACY
         if loaded is None or loaded.refs != entries or len(summaries) > 1 or any(
                 e.mtime >= loaded.taken - racy for e in entries.values()):
-            yield from ref_summary.store(t0, entries, summaries, report.requests)
+            try:  # (best effort: a full disk must not fail the gc that frees it)
+                yield from ref_summary.store(t0, entries, summaries, report.requests)
+            except StorageError as exc:
+                log.warning("gc: could not write its summary (%s): the next run reads every "
+                            "ref again", exc)
         # (else the summary read stands as it is: nothing changed, no entry waits to settle)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)

@@ -20,7 +20,7 @@ import msgpack
 from cas_checkpoint.backends import ObjectInfo
 from cas_checkpoint.engine.refs import HEADS, RefStore, is_thread_key
 from cas_checkpoint.engine.steps import List, ReadRefs, Step
-from cas_checkpoint.errors import FormatError
+from cas_checkpoint.errors import FormatError, StorageError
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.maintenance import ref_summary
 
@@ -119,7 +119,11 @@ def figures(refs: RefStore, racy: float, now: float
     if any(i.version for i in listed) and (keep != known or len(found) != 1):
         data = encode(now, keep)
         key = f"{FOLDER}/{ref_summary.key_of(data).rsplit('/', 1)[1]}"
-        yield from ref_summary.put_replacing(key, data, [i.key for i in found])
+        try:  # (best effort: stats() of a store this process may not write still answers)
+            yield from ref_summary.put_replacing(key, data, [i.key for i in found])
+        except StorageError as exc:
+            log.warning("stats: could not write its summary %s (%s): the next stats() reads "
+                        "every ref again", key, exc)
     return threads, sizes, len(todo)
 
 
