@@ -165,22 +165,41 @@ def run_s3(sizes: list[int]) -> None:
     if len(sizes) < 2:
         return
     a, b = sizes[-2], sizes[-1]
-    print(f"\nProjected to 1,000,000 threads: requests = fixed + per thread, the line through "
-          f"the runs at {a} and {b} threads (LIST pages hold 1,000 keys: past 1,000 packs the "
-          "pack listing is a paginator per 256 prefixes, so the line holds once both runs "
-          "are past it); price a run and hourly for a month")
+    print(f"\nProjected to 1,000,000 threads (one pack each). GET and PUT: the line through the "
+          f"runs at {a} and {b} threads. LIST: the listings each operation makes (model "
+          "below; a page holds 1,000 keys; gc and verify list packs/00..ff at once), checked "
+          f"against the run at {b} threads")
     prows = []
     for op in OPS:
         if op not in got_at[a] or op not in got_at[b]:
             continue
         proj = {}
-        for kind in ("GET", "LIST", "PUT"):
+        for kind in ("GET", "PUT"):
             slope = (got_at[b][op][kind] - got_at[a][op][kind]) / (b - a)
             proj[kind] = max(0.0, got_at[b][op][kind] + slope * (1_000_000 - b))
+        proj["LIST"] = lists(op, 1_000_000)
         price = proj["GET"] * GET + (proj["LIST"] + proj["PUT"]) * LIST
         prows.append([op, f"{proj['GET']:,.0f}", f"{proj['LIST']:,.0f}", f"{proj['PUT']:,.0f}",
-                      f"${price:.2f}", f"${price * 24 * 30:.0f}"])
-    print(table(["operation", "GET", "LIST", "PUT", "price a run", "hourly, a month"], prows))
+                      f"${price:.3f}", f"${price * 24 * 30:.0f}",
+                      f"{lists(op, b)} / {got_at[b][op]['LIST']}"])
+    print(table(["operation", "GET", "LIST", "PUT", "price a run", "hourly, a month",
+                 f"LIST model / measured at {b}"], prows))
+
+
+# LIST requests of each operation: (listings of refs/heads or refs/, listings of packs/ by its
+# 256 prefixes at once, listings of packs/ as one paginator, small fixed listings)
+LISTINGS = {"threads()": (1, 0, 0, 0), "iter_threads()": (1, 0, 0, 0),
+            "stats first": (2, 0, 1, 1), "stats unchanged": (2, 0, 1, 1),
+            "stats 1% changed": (2, 0, 1, 1), "gc first": (2, 1, 0, 2),
+            "gc unchanged": (2, 1, 0, 2), "gc 1% changed": (2, 1, 0, 2),
+            "verify quick": (1, 1, 0, 0), "verify deep": (1, 1, 0, 0)}
+
+
+def lists(op: str, n: int) -> int:
+    refs, by_prefix, whole, fixed = LISTINGS[op]
+    pages = -(-n // 1000)  # one pack and one ref a thread
+    prefixed = 1 if n < 1000 else 256 * -(-n // (256 * 1000))
+    return refs * pages + by_prefix * prefixed + whole * pages + fixed
 
 
 def main() -> None:
