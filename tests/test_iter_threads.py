@@ -47,3 +47,34 @@ def test_cli_threads_names(tmp_path: Any) -> None:
     out = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "threads", store.url,
                           "--names"], capture_output=True, text=True, check=True).stdout
     assert sorted(out.split()) == store.threads()
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "s3"])
+def test_async_iter_threads(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    import asyncio
+    import uuid
+
+    from cas_checkpoint.aio import AsyncCheckpointStore
+
+    name = uuid.uuid4().hex[:12]
+    kw: dict[str, Any] = {}
+    if kind == "memory":
+        url = f"memory://it-{name}"
+    elif kind == "local":
+        url = str(tmp_path / name)
+    else:
+        server = request.getfixturevalue("moto_server")
+        url, kw = f"s3://{server['bucket']}/{name}", {"storage_options":
+                                                      server["storage_options"]}
+    n = 1200 if kind == "s3" else 50
+
+    async def go() -> tuple[list[str], list[str]]:
+        store = await AsyncCheckpointStore.open(url, **kw)
+        try:
+            await asyncio.gather(*(store.save(f"t{i}", {"i": i}) for i in range(n)))
+            return [t async for t in store.iter_threads()], await store.threads()
+        finally:
+            await store.aclose()
+
+    got, listed = asyncio.run(go())
+    assert sorted(got) == listed and len(got) == n

@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -127,6 +127,10 @@ class Backend(ABC):
         gives it (S3: up to 1,000 keys a request), so a caller need not hold them all. By
         default one page: the whole ``list``."""
         yield self.list(prefix)
+
+    async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
+        """``list_pages``, awaited (by default one page: the whole ``alist``)."""
+        yield await self.alist(prefix)
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to

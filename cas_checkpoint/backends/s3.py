@@ -38,7 +38,7 @@ import errno
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
@@ -554,6 +554,19 @@ class S3Backend(Backend):
         if not self._native():
             return await super().alist(prefix)
         return await self._mapped(f"listing {prefix}", self._list(prefix))
+
+    async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
+        if not self._native():
+            async for page in super().alist_pages(prefix):
+                yield page
+            return
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        while True:
+            resp = await self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw))
+            yield [self._info(item) for item in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         return self._run(self.alist_many(prefixes))
