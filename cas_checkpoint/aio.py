@@ -36,6 +36,7 @@ from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.refs import HEADS
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, arun, landed
 from cas_checkpoint.errors import InvalidArgumentError
@@ -235,6 +236,13 @@ class AsyncCheckpointStore:
     async def threads(self) -> list[str]:
         """Every thread in the store, sorted."""
         return await self._run(self._core.threads())
+
+    async def iter_threads(self) -> AsyncIterator[str]:
+        """Every thread, unsorted, a page of the listing at a time (see
+        ``CheckpointStore.iter_threads``)."""
+        async for page in self.backend.alist_pages(HEADS):
+            for thread in await self._run(self._core.refs.threads_in(page)):
+                yield thread
 
     async def count(self, thread_id: str) -> int:
         """Number of checkpoints in a thread (from its head alone)."""

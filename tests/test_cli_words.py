@@ -195,9 +195,11 @@ def test_verify_lists_every_problem_only_under_v(tmp_path: Path) -> None:
     url = str(tmp_path / "broken")
     store = _many_threads(url, 15, 14)
     store.backend.delete_many([i.key for i in store.backend.list("packs")])
-    found = json.loads(run_cli("verify", url, "--json")[1])["problems"]
+    # (--deep: the audit that names the checkpoints a problem breaks; the quick one names
+    # threads)
+    found = json.loads(run_cli("verify", url, "--json", "--deep")[1])["problems"]
     assert len(found) > 10 and max(len(p["checkpoints"]) for p in found) > 10
-    code, out, _ = run_cli("verify", url)
+    code, out, _ = run_cli("verify", url, "--deep")
     lines = out.splitlines()
     assert code == 1 and re.match(r"\d+ PROBLEMS, breaking 210 checkpoints in 15 threads:",
                                   lines[3]), out  # the counts first
@@ -205,7 +207,7 @@ def test_verify_lists_every_problem_only_under_v(tmp_path: Path) -> None:
     assert f"  ... and {len(found) - 10} more problems" in lines
     assert all(line.count(", ") <= 10 for line in lines if "checkpoints (" in line)
     assert lines[-1] == "(-v lists them all; --json too)"
-    code, out, _ = run_cli("verify", url, "-v")
+    code, out, _ = run_cli("verify", url, "-v", "--deep")
     assert code == 1 and sum(line.startswith("  missing") for line in out.splitlines()) \
         == len(found)
     assert all(p["checkpoints"][-1] in out for p in found) and "-v lists" not in out

@@ -266,7 +266,7 @@ def test_hostile_records(record: bytes) -> None:
         store.get(cid)  # type: ignore[arg-type]
     except CasError:
         pass
-    report = store.verify(deep=False)
+    report = store.verify(deep=True)
     assert not report.ok
 
 
@@ -279,7 +279,7 @@ def test_hostile_segments(segments: list[bytes], level: int, count: int) -> None
     peaks = (Peak(ids[0], level, count), Peak(_install(store, [top])[0], level + 1, count))  # type: ignore[arg-type]
     _ref(store, Head("h", HEADS["a"], 0, peaks, ()))  # type: ignore[arg-type]
     _exercise(store)
-    assert not store.verify(deep=False).ok
+    assert not store.verify(deep=True).ok
 
 
 @FUZZ

@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +41,10 @@ class ObjectInfo:
     size: int
     mtime: float  # seconds since the epoch, by the storage's own clock
     regular: bool = True  # False: a folder, a link or a device where a file should be
+    # What changes whenever the bytes do, as the listing gives it ("" where it gives none: the
+    # key must be read to know). S3: the ETag; local disk: inode, size and the ns modified and
+    # change times (``os.utime`` can set the modified time back, not the change time).
+    version: str = ""
 
 
 MAX_REF_BYTES = 4 << 20  # a ref larger than this is refused before it is read
@@ -73,6 +77,9 @@ class Backend(ABC):
         names durable at once, before keys are written into them. Only a backend that
         ``has_folders`` does anything."""
         return None
+    # Capability: ``read_ref``'s version is the one listings give (``ObjectInfo.version``: S3's
+    # ETag), so gc's summary can check that the ref it read is the one it listed.
+    ref_version_listed: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -121,6 +128,16 @@ class Backend(ABC):
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         """Delete keys; missing keys are ignored. Returns the keys the storage refused to
         delete (they are still there)."""
+
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """Every key under ``prefix`` (a folder), a page at a time, each page as the storage
+        gives it (S3: up to 1,000 keys a request), so a caller need not hold them all. By
+        default one page: the whole ``list``."""
+        yield self.list(prefix)
+
+    async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
+        """``list_pages``, awaited (by default one page: the whole ``alist``)."""
+        yield await self.alist(prefix)
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to

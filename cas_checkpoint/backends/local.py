@@ -521,11 +521,44 @@ class LocalBackend(Backend):
                     if flat:  # refs/heads holds files only
                         out.append(ObjectInfo(f"{rel}/{name}", 0, st.st_mtime, False))
                     continue  # packs/ab/: a real folder, walked into
-                out.append(ObjectInfo(f"{rel}/{name}", st.st_size, st.st_mtime,
-                                      stat.S_ISREG(st.st_mode)))
+                out.append(ObjectInfo(
+                    f"{rel}/{name}", st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode),
+                    f"{st.st_ino}.{st.st_size}.{st.st_mtime_ns}.{st.st_ctime_ns}"))
             if flat:
                 dirs[:] = []
         return out
+
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """``refs/heads`` (a flat folder) a page of 1,000 refs at a time, read from the
+        directory as it goes (``os.scandir``); any other prefix in one page."""
+        if prefix.rstrip("/") != "refs/heads":
+            yield from super().list_pages(prefix)
+            return
+        try:
+            entries = os.scandir(self._path("refs/heads"))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"cannot list refs/heads in {self.root}: {exc.strerror}; check "
+                               "its permissions (nothing was changed)") from exc
+        page: builtins.list[ObjectInfo] = []
+        with entries:
+            for entry in entries:
+                name = entry.name
+                if ".tmp-" in name or name.endswith(".lock"):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                page.append(ObjectInfo(
+                    f"refs/heads/{name}", st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode),
+                    f"{st.st_ino}.{st.st_size}.{st.st_mtime_ns}.{st.st_ctime_ns}"))
+                if len(page) >= 1000:
+                    yield page
+                    page = []
+        if page:
+            yield page
 
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         for key in keys:

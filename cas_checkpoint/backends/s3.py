@@ -38,7 +38,7 @@ import errno
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
@@ -86,6 +86,7 @@ async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
 
 class S3Backend(Backend):
     concurrency = 32
+    ref_version_listed = True  # GetObject and ListObjectsV2 give the same ETag
     backoff = Backoff()  # the only retries of a store opened from a URL (see retry.py)
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
@@ -521,7 +522,8 @@ class S3Backend(Backend):
 
     def _info(self, item: dict[str, Any]) -> ObjectInfo:
         strip = len(self.prefix) + 1 if self.prefix else 0
-        return ObjectInfo(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp())
+        return ObjectInfo(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp(),
+                          version=str(item.get("ETag") or ""))
 
     async def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
         """One ListObjectsV2 paginator over ``prefix`` (a folder)."""
@@ -537,10 +539,34 @@ class S3Backend(Backend):
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         return self._run(self.alist(prefix))
 
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """A ListObjectsV2 page (up to 1,000 keys) at a time, each requested when the one
+        before has been taken."""
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        while True:
+            resp = self._run(self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw)))
+            yield [self._info(item) for item in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
+
     async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
         if not self._native():
             return await super().alist(prefix)
         return await self._mapped(f"listing {prefix}", self._list(prefix))
+
+    async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
+        if not self._native():
+            async for page in super().alist_pages(prefix):
+                yield page
+            return
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
+        while True:
+            resp = await self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw))
+            yield [self._info(item) for item in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         return self._run(self.alist_many(prefixes))

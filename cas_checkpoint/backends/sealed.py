@@ -5,7 +5,7 @@ Rule: no ref leaves this wrapper in the clear, and no thread id in a key."""
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import blake3
@@ -90,6 +90,12 @@ class SealedBackend(Backend):
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         return self.inner.list_many(prefixes)
+
+    def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        return self.inner.list_pages(prefix)
+
+    def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
+        return self.inner.alist_pages(prefix)
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.inner.run_blocking(fn, *args)

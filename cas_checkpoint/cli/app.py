@@ -86,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes", action="store_true",
                    help="also the bytes each thread's packs take (reads every thread's packs "
                    "list and head state)")
+    p.add_argument("--names", action="store_true",
+                   help="only the thread ids, one a line, unsorted, printed a page of the "
+                   "listing at a time (reads no ref but long ids': for a store of millions)")
     p = cmd("log", read.cmd_log, "print the history of a thread, newest first")
     p.add_argument("store")
     p.add_argument("thread")
@@ -129,7 +132,8 @@ def parser() -> argparse.ArgumentParser:
             "could not be read")
     p.add_argument("store")
     p.add_argument("--deep", action="store_true",
-                   help="also re-hash the objects of every pack that no checkpoint reaches")
+                   help="read and re-hash every pack and every object in it (without it: "
+                   "the refs, and each pack they name present at its size, from a listing)")
     p.add_argument("--sample", type=float, default=None, metavar="F",
                    help="with --deep (implied): re-hash a random fraction F of those objects")
     p.add_argument("--thread", default=None, help="check this thread only")

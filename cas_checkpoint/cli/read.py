@@ -37,6 +37,13 @@ def _stats_by_thread(store: CheckpointStore) -> dict[str, Any]:
 
 
 def cmd_threads(args: argparse.Namespace) -> int:
+    if args.names:  # streamed: a page of the listing at a time, nothing else read
+        if args.bytes or args.json:
+            raise CliError("--names prints bare thread ids: drop --bytes and --json")
+        for thread in open_store(args).iter_threads():
+            print(thread, flush=False)
+        sys.stdout.flush()
+        return 0
     store, threads = lg.open_store(args)
     rows: list[dict[str, Any]] = []
     damaged = 0

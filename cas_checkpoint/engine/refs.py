@@ -14,7 +14,7 @@ from functools import partial
 
 import blake3
 
-from cas_checkpoint.backends import Backend, RefMismatch
+from cas_checkpoint.backends import Backend, ObjectInfo, RefMismatch
 from cas_checkpoint.backends.sealed import SealedBackend
 from cas_checkpoint.engine import collect, staging
 from cas_checkpoint.engine.archive import InArchive
@@ -253,9 +253,14 @@ class RefStore:
         return self.decode(thread_id, key, got)
 
     def threads(self) -> Step[list[str]]:
+        return sorted((yield from self.threads_in((yield List(HEADS)))))
+
+    def threads_in(self, listed: list[ObjectInfo]) -> Step[list[str]]:
+        """The threads of these listed refs (a page of ``refs/heads``), unsorted; a long or
+        sealed id is read from its ref."""
         out = []
         hashed = []
-        for info in (yield List(HEADS)):
+        for info in listed:
             if not info.regular:
                 log.warning("%s in %s is not a regular file: skipped (run `cas-checkpoint "
                             "verify`)", info.key, self.backend.url)
@@ -287,7 +292,7 @@ class RefStore:
                     continue
                 if long_id is not None and key == self.stored_key(long_id):
                     out.append(long_id)
-        return sorted(out)
+        return out
 
     def view(self, head: Head, recent: bool = False) -> Step[View | None]:
         """The view a head's log needs (None when all of it is in the head); ``recent``:

@@ -5,6 +5,7 @@ others (engine/archive.py): marking reads those archives too."""
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import time
@@ -42,8 +43,11 @@ from cas_checkpoint.errors import CasError, InvalidArgumentError, NotFoundError,
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import ObjectId
 from cas_checkpoint.humanize import plural
+from cas_checkpoint.maintenance import ref_summary
 from cas_checkpoint.maintenance.repack import RepackReport
 from cas_checkpoint.maintenance.verify_checks import key_thread, read_each
+
+log = logging.getLogger("cas_checkpoint")
 
 GCProgress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; phase is ``"mark"``, ``"list"`` or ``"sweep"``."""
@@ -82,7 +86,11 @@ class GCReport:
     deleted_bytes: int = 0
     refreshed_objects: int = 0  # candidates a writer reused during the sweep: kept
     temp_files: int = 0  # local disk: temp files of writers that died, older than the grace
-    ref_rounds: int = 0  # times the refs were read (1 + re-reads after listing)
+    ref_rounds: int = 0  # times the refs were listed (1 + re-reads after listing)
+    refs_read: int = 0  # refs read (the others: as the last run's summary recorded them)
+    # the last run's summary: "used", "none" (missing: every ref read), "rebuilt" (damaged or
+    # wrong: ignored, every ref read)
+    summary: str = "none"
     seconds: float = 0.0
     requests: dict[str, int] = field(default_factory=lambda: {
         "list": 0, "get": 0, "put": 0, "delete": 0})
@@ -143,7 +151,13 @@ class _Collector:
         self.req = report.requests
         self.progress = progress or (lambda phase, done, total: None)
         self.marked: set[str] = set()
-        self.versions: dict[str, str] = {}
+        self.versions: dict[str, str] = {}  # ref key -> the version its read returned
+        # ref key -> what it names, as a summary of this run records it; the refs of the last
+        # listing; the last run's summary (None: read every ref)
+        self.entries: dict[str, ref_summary.Entry] = {}
+        self.listed: dict[str, ObjectInfo] = {}
+        self.summary: ref_summary.Summary | None = None
+        self.trusted: dict[str, ref_summary.Entry] = {}  # the entries used instead of a read
         # a dry run after a dry-run repack: thread -> (the packs its head names, the new pack
         # that a run would name instead); and the new packs marked so far (id -> size)
         self.swaps = {t.thread_id: (frozenset(t.old_packs), t.new_pack) for t in (
@@ -154,7 +168,9 @@ class _Collector:
     # live in the ref itself), so marking reads the refs and nothing else
 
     def read_refs(self) -> Step[dict[str, Head]]:
-        """Every ref whose version changed since the last read (all of them the first time)."""
+        """Every ref whose version changed since this run last read it (the first time: every
+        ref the summary of the last run cannot stand in for; see ``ref_summary.py``). Refs
+        the summary stands in for are marked here and not returned."""
         listed: list[ObjectInfo] = yield List(HEADS)  # a listing error propagates: never "no refs"
         odd = [i.key for i in listed if not i.regular or (
             not is_thread_key(i.key) and i.key.count("/") == 2 and ".tmp-" not in i.key)]
@@ -164,9 +180,43 @@ class _Collector:
                 f"{self.backend.url} are not refs gc can read ({', '.join(odd[:3])}); a thread "
                 "whose ref cannot be read would lose its checkpoints. Run `cas-checkpoint "
                 "verify`, then move those entries away")
-        keys = [i.key for i in listed if is_thread_key(i.key)]
-        self.req["list"] += 1 + len(keys) // 1000
+        infos = [i for i in listed if is_thread_key(i.key)]
+        self.req["list"] += 1 + len(infos) // 1000
+        first = not self.listed
+        self.listed = {i.key: i for i in infos}
+        summary, self.summary = self.summary, None  # (the first round only)
+        todo: list[ObjectInfo] = []
+        trusted: dict[str, ref_summary.Entry] = {}
+        # (S3's ETag is the content's: a version of times, local disk's, is not trusted for a
+        # ref written in the clock tick of the run's start, RACY; see ref_summary.py)
+        racy = 0.0 if self.backend.ref_version_listed else ref_summary.RACY
+        for info in infos:
+            seen = self.entries.get(info.key)
+            if (seen is not None and not first and info.version
+                    and seen.version == info.version and seen.mtime == info.mtime
+                    and (not racy or info.mtime < self.report.storage_now - racy)):
+                continue  # as this run saw it, and not written in the same clock tick
+            entry = summary.trusted(info, racy) if summary is not None else None
+            if entry is not None:
+                trusted[info.key] = entry
+            else:
+                todo.append(info)
+        heads = yield from self._read(todo)
+        for key, entry in trusted.items():
+            self.entries[key] = entry
+            self.marked.update(entry.packs)
+        self.trusted.update(trusted)
+        if summary is not None:
+            self.report.summary = "used"
+        self.report.threads = len(self.listed)
+        self.report.ref_rounds += 1
+        return heads
+
+    def _read(self, todo: list[ObjectInfo]) -> Step[dict[str, Head]]:
+        """Read these refs: the heads of those that changed since this run last read them."""
+        keys = [i.key for i in todo]
         self.req["get"] += len(keys)
+        self.report.refs_read += len(keys)
         try:
             got: list[tuple[bytes, str] | None] = (yield ReadRefs(keys)) if keys else []
         except CasError as exc:
@@ -174,16 +224,54 @@ class _Collector:
             raise _unreadable(next((k for k, g in zip(keys, each, strict=True)
                                     if isinstance(g, CasError)), None), exc) from None
         changed: dict[str, Head] = {}
-        for key, ref in zip(keys, got, strict=True):
-            if ref is not None and self.versions.get(key) != ref[1]:
+        for info, ref in zip(todo, got, strict=True):
+            key = info.key
+            if ref is None:  # deleted since it was listed
+                self.entries.pop(key, None)
+                continue
+            try:
+                head = Head.decode(ref[0], key)
+            except CasError as exc:
+                raise _unreadable(key, exc) from None
+            # The listing came before the read, so the entry may name newer packs than the
+            # version listed; a ref written since shows another version next run (local disk:
+            # a newer change time; S3: the ETag, which must then be the one read, as a ref
+            # written back to bytes listed before would show the old ETag again)
+            if self.backend.ref_version_listed and ref[1] != info.version:
+                self.entries.pop(key, None)
+            elif head.archive is not None:
+                # a long thread names packs through its archive too: the summary, which keeps
+                # the packs a ref names itself, never stands in for it (read every run)
+                self.entries.pop(key, None)
+            else:
+                self.entries[key] = ref_summary.Entry(info.version, info.mtime,
+                                                      frozenset(p.id for p in head.packs))
+            if self.versions.get(key) != ref[1]:
                 self.versions[key] = ref[1]
-                try:
-                    changed[key] = Head.decode(ref[0], key)
-                except CasError as exc:
-                    raise _unreadable(key, exc) from None
-        self.report.threads = len(self.versions)
-        self.report.ref_rounds += 1
+                changed[key] = head
         return changed
+
+    def audit(self, candidates: list[ObjectInfo]) -> Step[list[ObjectInfo]]:
+        """Before deleting what the summary let through: re-read a random sample of the refs it
+        stood in for; one it is wrong about and every such ref is read. A run with nothing to
+        delete needs no audit (a wrong entry can only make gc delete). The candidates still
+        unreachable are returned."""
+        trusted = {k: e for k, e in self.trusted.items() if k in self.listed}
+        if not candidates or not trusted:
+            return candidates
+        sample = ref_summary.audit_sample(sorted(trusted))
+        heads = yield from self._read([self.listed[k] for k in sample])
+        wrong = [k for k in sample if k in self.entries and k in heads
+                 and frozenset(p.id for p in heads[k].packs) != trusted[k].packs]
+        yield from self.mark_heads(heads)
+        if wrong:
+            log.warning("gc: the summary of the last run is wrong about %s: it is ignored and "
+                        "every ref is read", wrong[0])
+            self.report.summary = "rebuilt"
+            rest = [self.listed[k] for k in sorted(set(trusted) - set(sample))]
+            yield from self.mark_heads((yield from self._read(rest)))
+            self.trusted.clear()
+        return [i for i in candidates if key_pack_id(i.key) not in self.marked]
 
     def mark_heads(self, heads: dict[str, Head]) -> Step[None]:
         archives = yield from self.read_archives([h for h in heads.values() if h.archive])
@@ -301,18 +389,27 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     if that repack had been done: each thread it would repack names its new pack instead of
     its old ones (the run's numbers, predicted)."""
     g = check_grace(backend, grace, force)
-    backend = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
-    return _collect(backend, g, dry_run, progress, repacked if dry_run else None)
+    inner = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
+    # (no summary for an encrypted store: it would show which packs each hidden ref names)
+    return _collect(inner, g, dry_run, progress, repacked if dry_run else None,
+                    summary=inner is backend)
 
 
 def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | None,
-             repacked: RepackReport | None = None) -> Step[GCReport]:
+             repacked: RepackReport | None = None, *, summary: bool = True) -> Step[GCReport]:
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
     c = _Collector(backend, report, progress, repacked)
     if backend.housekeeping:
         yield Blocking(backend.restore_trash)
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
+    summaries: list[str] = []
+    c.summary = None
+    if summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
+        c.summary, summaries = yield from ref_summary.load(report.requests)
+        if summaries and c.summary is None:
+            report.summary = "rebuilt"
+    loaded = c.summary
     yield from c.mark_heads((yield from c.read_refs()))
     listed = yield from c.list_objects()
     for _ in range(REF_ROUNDS):
@@ -336,6 +433,7 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
             report.young_bytes += info.size
         else:
             candidates.append(info)
+    candidates = yield from c.audit(candidates)
     if dry_run:
         deleted = candidates
     elif backend.atomic_delete:
@@ -344,6 +442,17 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
         deleted = yield from sweep_listed(backend, candidates, cutoff, c)
     if backend.housekeeping:
         report.temp_files = yield Blocking(backend.delete_stale_temps, (cutoff, dry_run))
+    if summary and not dry_run and any(i.version for i in c.listed.values()):
+        entries = {k: c.entries[k] for k in c.listed if k in c.entries}
+        racy = 0.0 if backend.ref_version_listed else ref_summary.RACY
+        if loaded is None or loaded.refs != entries or len(summaries) > 1 or any(
+                e.mtime >= loaded.taken - racy for e in entries.values()):
+            try:  # (best effort: a full disk must not fail the gc that frees it)
+                yield from ref_summary.store(t0, entries, summaries, report.requests)
+            except StorageError as exc:
+                log.warning("gc: could not write its summary (%s): the next run reads every "
+                            "ref again", exc)
+        # (else the summary read stands as it is: nothing changed, no entry waits to settle)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)

@@ -4,11 +4,13 @@ stats), over the engine (``Core``) of a store object: what both faces drive."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
+from cas_checkpoint.backends.sealed import unwrap
 from cas_checkpoint.engine import retention
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import StoreStats
@@ -19,6 +21,7 @@ from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.objects import LogEntry
 from cas_checkpoint.maintenance import expire as expiry
 from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import ref_summary, stats_summary
 from cas_checkpoint.maintenance import repack as repackmod
 from cas_checkpoint.maintenance import stats as usage
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -119,6 +122,16 @@ class Maintenance:
     def stats(self, by_thread: bool = False) -> Step[StoreStats]:
         if not isinstance(by_thread, bool):
             raise InvalidArgumentError(f"by_thread must be True or False, not {by_thread!r}")
+        if not by_thread and unwrap(self.backend) is self.backend:  # (encrypted: no summary)
+            racy = 0.0 if self.backend.ref_version_listed else ref_summary.RACY
+            count, known, _read = yield from stats_summary.figures(self.refs, racy, time.time())
+            objects_: list[ObjectInfo] = yield List("packs")
+            refs_: list[ObjectInfo] = yield List("refs")
+            physical_ = sum(i.size for i in objects_) + sum(i.size for i in refs_)
+            logical_ = sum(known.values())
+            return StoreStats(count, len(known), logical_, physical_, len(objects_),
+                              logical_ / physical_ if physical_ else 0.0, self.objects.hits,
+                              self.objects.misses, {})
         sizes: dict[str, int] = {}
         logs: dict[str, list[LogEntry]] = {}
         threads = yield from self.core.all_refs()

@@ -85,6 +85,12 @@ class VerifyReport:
                  f"{plural(self.by_kind.get('pack', {}).get('objects', 0), 'pack')}; "
                  f"{self.objects_hashed} hashed ({_human(self.bytes_hashed)}) in "
                  f"{self.seconds:.2f} s"]
+        if not self.deep:
+            packs = plural(self.by_kind.get("pack", {}).get("objects", 0), "pack")
+            lines[1] = (f"  {plural(self.threads, 'thread')}, "
+                        f"{plural(self.checkpoints, 'checkpoint')}, {packs} named, each "
+                        "present at the size its ref records (from a listing; no pack read: "
+                        f"--deep reads and re-hashes) in {self.seconds:.2f} s")
         if self.unreachable_objects is not None:
             lines.append(f"  unreachable (garbage for gc, not an error): "
                          f"{plural(self.unreachable_objects, 'pack')}, "

@@ -1,0 +1,180 @@
+"""What each ref named at the last gc run, kept in the store so the next run reads only the refs
+that changed since (issue 31; ARCHITECTURE.md invariant 14).
+
+The summary is one object, ``gc/summary/<blake3 of its bytes>``: zlib-compressed msgpack of
+``{"v": 1, "taken": t0, "packs": [pack ids], "refs": [[key, version, mtime, [pack indexes]]]}``
+(zlib: the standard library's, so a gc of a plain store imports no zstd).
+It is a cache, never an authority:
+
+* it is verified when read (its name is the hash of its bytes; every field is type- and
+  size-checked); anything wrong and it is ignored (and rebuilt by the run), as is a missing one;
+* an entry is used only while the listing shows the ref at the very version recorded
+  (``ObjectInfo.version``: S3's ETag; on local disk inode, size and the nanosecond modified
+  *and change* times: ``os.utime`` can put a modified time back, not a change time). A storage
+  whose listing gives no version (memory://) reads every ref, as before;
+* where the version is not the content's own (local disk: times, not S3's ETag), an entry
+  whose ref was modified within ``RACY`` seconds of the run that wrote it is not trusted
+  (git's "racily clean" index entries): a file rewritten in the same clock tick with the same
+  size could show the same times, so such a ref is read again;
+* each run also re-reads a random sample of the entries it trusts (``audit_size``), and one
+  that disagrees with its ref throws the whole summary away: every ref is read.
+
+What the summary cannot do is prove that no forged entry lies about a ref nobody sampled: one
+who can write ``gc/summary/`` can as well delete packs. Keep the bucket's write permission to
+the store's writers and gc (docs/operations/large-stores.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import blake3
+import msgpack
+
+from cas_checkpoint.backends import ObjectInfo
+from cas_checkpoint.engine.steps import DeleteMany, GetMany, List, PutMany, Step
+from cas_checkpoint.errors import FormatError
+
+log = logging.getLogger("cas_checkpoint")
+
+FOLDER = "gc/summary"
+FORMAT = 1
+RACY = 2.0  # seconds: a ref modified this close to the run that recorded it is read again
+MAX_BYTES = 1 << 30  # a summary (decompressed) larger than this is ignored
+AUDIT_MIN = 32  # entries re-read each run to check the summary, at least...
+AUDIT_SHARE = 1000  # ...or one in this many
+
+
+@dataclass(slots=True)
+class Entry:
+    version: str
+    mtime: float
+    packs: frozenset[str]
+
+
+@dataclass(slots=True)
+class Summary:
+    """ref key -> what it named when its listing showed ``version``; ``taken``: the storage's
+    clock at the start of the run that wrote it."""
+
+    taken: float = 0.0
+    refs: dict[str, Entry] = field(default_factory=dict)
+
+    def trusted(self, info: ObjectInfo, racy: float) -> Entry | None:
+        """The entry for a listed ref, if it may stand in for reading the ref."""
+        entry = self.refs.get(info.key)
+        if (entry is None or not info.version or entry.version != info.version
+                or entry.mtime != info.mtime or entry.mtime >= self.taken - racy):
+            return None
+        return entry
+
+
+def key_of(data: bytes) -> str:
+    return f"{FOLDER}/{blake3.blake3(data).hexdigest()}"
+
+
+def encode(taken: float, refs: dict[str, Entry]) -> bytes:
+    table: dict[str, int] = {}
+    rows = []
+    for key in sorted(refs):
+        e = refs[key]
+        rows.append([key, e.version, e.mtime,
+                     [table.setdefault(p, len(table)) for p in sorted(e.packs)]])
+    raw = msgpack.packb({"v": FORMAT, "taken": taken, "packs": list(table), "refs": rows},
+                        use_bin_type=True)
+    return zlib.compress(raw, 6)
+
+
+def decode(key: str, data: bytes) -> Summary:
+    """A summary's bytes, checked; FormatError for anything that is not one gc wrote."""
+    if key != key_of(data):
+        raise FormatError(f"{key} does not hash to its name")
+    try:
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(data, MAX_BYTES)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError(f"larger than {MAX_BYTES} bytes, or cut short")
+        got = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except (zlib.error, ValueError, msgpack.UnpackException) as exc:
+        raise FormatError(f"{key} is not a gc summary: {exc}") from None
+    if not isinstance(got, dict) or got.get("v") != FORMAT:
+        raise FormatError(f"{key} is not a gc summary of format {FORMAT}")
+    taken, packs, rows = got.get("taken"), got.get("packs"), got.get("refs")
+    if (not isinstance(taken, float) or not isinstance(packs, list)
+            or not isinstance(rows, list) or not all(isinstance(p, str) for p in packs)):
+        raise FormatError(f"{key} has malformed fields")
+    out = Summary(taken)
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)
+                and isinstance(row[1], str) and isinstance(row[2], float)
+                and isinstance(row[3], list)
+                and all(isinstance(i, int) and 0 <= i < len(packs) for i in row[3])):
+            raise FormatError(f"{key} has a malformed entry")
+        out.refs[row[0]] = Entry(row[1], row[2], frozenset(packs[i] for i in row[3]))
+    return out
+
+
+def newest(listed: Iterable[ObjectInfo], folder: str = FOLDER) -> list[ObjectInfo]:
+    """The summaries under ``folder`` (gc's: ``gc/summary/``), newest first."""
+    return sorted((i for i in listed if i.key.startswith(folder + "/")),
+                  key=lambda i: i.mtime, reverse=True)
+
+
+def audit_size(trusted: int) -> int:
+    return min(trusted, max(AUDIT_MIN, math.ceil(trusted / AUDIT_SHARE)))
+
+
+def audit_sample(keys: list[str]) -> list[str]:
+    """A random sample of the trusted keys, not one a summary's author can predict."""
+    n = audit_size(len(keys))
+    rng = secrets.SystemRandom()
+    return rng.sample(keys, n) if n < len(keys) else list(keys)
+
+
+# --- as steps: read the newest summary, write a new one ------------------------------------
+
+
+def load(requests: dict[str, int]) -> Step[tuple[Summary | None, list[str]]]:
+    """The newest summary that verifies (None if none does), and the keys of every summary
+    found (the run deletes them once it has written its own)."""
+    found = newest((yield List(FOLDER)))
+    requests["list"] += 1
+    for info in found[:2]:  # the newest, or the one before if a run is writing it now
+        if info.size > MAX_BYTES:
+            continue
+        got: dict[str, bytes | None] = yield GetMany([info.key])
+        requests["get"] += 1
+        data = got.get(info.key)
+        if data is None:
+            continue
+        try:
+            return decode(info.key, data), [i.key for i in found]
+        except FormatError as exc:
+            log.warning("gc: %s is ignored, every ref is read and a new summary written (%s)",
+                        info.key, exc)
+    return None, [i.key for i in found]
+
+
+def store(taken: float, refs: dict[str, Entry], old: list[str],
+          requests: dict[str, int]) -> Step[str]:
+    """Write the summary of this run, then delete the ones before it; returns its key."""
+    data = encode(taken, refs)
+    key = key_of(data)
+    requests["put"] += 1
+    if (yield from put_replacing(key, data, old)):
+        requests["delete"] += 1
+    return key
+
+
+def put_replacing(key: str, data: bytes, old: list[str]) -> Step[bool]:
+    """Write a summary, then delete the ones before it (True if there were any)."""
+    yield PutMany({key: data})
+    stale = [k for k in old if k != key]
+    if stale:
+        yield DeleteMany(stale)
+    return bool(stale)
