@@ -8,6 +8,7 @@ import io
 import os
 import random
 import subprocess
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -93,3 +94,17 @@ def run_json(*argv: str, env: Mapping[str, str | None] | None = None) -> Any:
     code, out, err = run_cli(*argv, "--json", env=env)
     assert code == 0, err
     return json.loads(out)
+
+
+def count_s3(store: CheckpointStore) -> Counter[str]:
+    """Count the S3 requests the store's backend sends, by API call."""
+    fs = store.backend.fs  # type: ignore[attr-defined]
+    calls: Counter[str] = Counter()
+    real = fs._call_s3
+
+    async def counting(method: str, *a: Any, **kw: Any) -> Any:
+        calls[method] += 1
+        return await real(method, *a, **kw)
+
+    fs._call_s3 = counting
+    return calls

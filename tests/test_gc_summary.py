@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from builders import count_s3
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine.refs import HEADS, thread_key
@@ -32,20 +32,6 @@ def fill(store: CheckpointStore, n: int, tag: str = "a") -> None:
 
 def summaries(store: CheckpointStore) -> list[str]:
     return [i.key for i in store.backend.list(ref_summary.FOLDER)]
-
-
-def count_s3(store: CheckpointStore) -> Counter[str]:
-    """Count the S3 requests the store's backend sends, by API call."""
-    fs = store.backend.fs  # type: ignore[attr-defined]
-    calls: Counter[str] = Counter()
-    real = fs._call_s3
-
-    async def counting(method: str, *a: Any, **kw: Any) -> Any:
-        calls[method] += 1
-        return await real(method, *a, **kw)
-
-    fs._call_s3 = counting
-    return calls
 
 
 def test_s3_gc_reads_only_the_refs_that_changed(tmp_path: Any,

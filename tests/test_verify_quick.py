@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from builders import count_s3
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine.object_store import pack_key
@@ -21,20 +21,6 @@ def packed(store: CheckpointStore) -> CheckpointStore:
 def fill(store: CheckpointStore, n: int) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: store.save(f"t{i}", {"i": i, "pad": "x" * 64}), range(n)))
-
-
-def count_s3(store: CheckpointStore) -> Counter[str]:
-    """Count the S3 requests the store's backend sends, by API call."""
-    fs = store.backend.fs  # type: ignore[attr-defined]
-    calls: Counter[str] = Counter()
-    real = fs._call_s3
-
-    async def counting(method: str, *a: Any, **kw: Any) -> Any:
-        calls[method] += 1
-        return await real(method, *a, **kw)
-
-    fs._call_s3 = counting
-    return calls
 
 
 def test_quick_verify_on_s3_reads_refs_and_lists_packs_only(
