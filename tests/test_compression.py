@@ -376,3 +376,18 @@ def test_a_cold_load_makes_one_decompression_context_a_thread(tmp_path: Any,
     with pytest.raises(FormatError, match="decompress"):
         open_pack(data[:-8])
     open_pack(data)  # the next read after a damaged one
+
+
+def test_a_level_alone_asks_for_zstd_at_that_level(tmp_path: Any) -> None:
+    """``compression_level`` without ``compression`` is the default compression (zstd) at that
+    level, checked like any level (old code: a plain store, the level dropped without a word,
+    and 99 accepted); with ``compression='none'`` a level is refused."""
+    store = CheckpointStore.init(str(tmp_path / "a"), compression_level=7)
+    assert store.settings()["compression"] == "zstd"
+    assert store.settings()["compression_level"] == 7
+    assert CheckpointStore.open(str(tmp_path / "a"), compression_level=7).settings() == (
+        store.settings())
+    with pytest.raises(InvalidArgumentError, match="from 1 to 19"):
+        CheckpointStore.init(str(tmp_path / "b"), compression_level=99)
+    with pytest.raises(InvalidArgumentError, match="compression='none' has no level"):
+        CheckpointStore.init(str(tmp_path / "c"), compression="none", compression_level=3)

@@ -32,7 +32,14 @@ class Settings:
         """The settings a caller asked for (None: whatever the store has), checked."""
         if compression is None and level is None:
             return None
-        name = None if compression in (None, "none") else compression
+        if compression == "none" and level is not None:
+            raise InvalidArgumentError(
+                f"compression_level={level!r} needs compression='zstd' (a store with "
+                "compression='none' has no level)")
+        # a level alone asks for the default compression at that level (it used to make a
+        # plain store, dropping the level without a word)
+        name = (DEFAULT.compression if compression is None
+                else None if compression == "none" else compression)
         try:
             made = compressor(name, level)
         except ValueError as exc:
