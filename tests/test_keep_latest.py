@@ -77,7 +77,13 @@ def test_shallow_saver_keeps_one_checkpoint_per_namespace() -> None:
     assert len(list(g_shallow.get_state_history(config))) == 1
     assert len(list(g_deep.get_state_history(config))) > 3
     assert g_shallow.get_state(config).values == g_deep.get_state(config).values
-    assert saver.store.count(next(iter(saver.store.threads()))) == 1
+    # the store holds that one checkpoint; LangGraph's pool may land the pending writes of the
+    # step before after it (a save always lands): such a straggler goes with the next save
+    entries = list(saver.store.history(next(iter(saver.store.threads()))))
+    checkpoints = [e for e in entries if "lg" in e.metadata]
+    others = [e for e in entries if "lg" not in e.metadata]
+    assert len(checkpoints) == 1, entries
+    assert len(others) <= 1 and all("w" in e.metadata for e in others), entries
 
 
 def test_shallow_saver_resumes_an_interrupt() -> None:
