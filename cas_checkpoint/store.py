@@ -151,7 +151,7 @@ class CheckpointStore:
         return store
 
     @classmethod
-    def from_backend(cls, backend: Backend, *, types: Iterable[type] = (),
+    def from_backend(cls, backend: Backend, *, types: Iterable[type] | TypeRegistry = (),
                      keep_last: int | None = None, keep_mode: str = "batch",
                      cache_dir: str | Any | None = None,
                      cache_bytes: int = CACHE_BYTES) -> CheckpointStore:

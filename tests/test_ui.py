@@ -456,3 +456,24 @@ def test_registered_types_and_unknown_classes_show_their_fields(tmp_path: Path) 
     blind = CheckpointStore.open(url, types=_types(argparse.Namespace(types=None)))
     html = client(blind).get(f"/checkpoint?thread=t&id={info.id}").text
     assert "be brief" in html and "Note" in html and "<b>assistant</b>" in html
+
+
+class Tagged:
+    """A class of no stored kind: stored through an adapter the store was given."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+
+def test_an_adapted_class_shows_the_data_its_adapter_gives() -> None:
+    from cas_checkpoint import TypeRegistry
+
+    types = TypeRegistry()
+    types.register(Tagged, "t.Tagged", to_data=lambda t: {"label": t.label},
+                   from_data=lambda d: Tagged(d["label"]))
+    assert uiview.fields_of(Tagged("x"), types) == ("Tagged", {"label": "x"})
+    assert uiview.fields_of(Tagged("x"), TypeRegistry()) is None  # not registered: no fields
+    store = CheckpointStore.open(f"memory://ui-adapted-{time.time_ns()}", types=types)
+    info = store.save("t", {"pinned": Tagged("<i>kept</i>")})
+    html = client(store).get(f"/checkpoint?thread=t&id={info.id}").text
+    assert '<span class="kind">Tagged</span>' in html and "&lt;i&gt;kept&lt;/i&gt;" in html

@@ -128,6 +128,14 @@ class TypeRegistry:
         """The classes registered, in the order they were."""
         return list(self._by_class)
 
+    def adapted_data(self, value: object) -> tuple[bool, Any]:
+        """(True, the data its adapter gives) for a value of a class registered with
+        ``to_data``, else (False, None). Only the adapter the registry was given is called."""
+        entry = self._by_class.get(type(value))
+        if entry is None or entry.to_data is None:
+            return False, None
+        return True, entry.to_data(value)
+
     def update(self, other: TypeRegistry) -> None:
         """Register every class of ``other`` as it is registered there (name, adapter)."""
         for cls, entry in other._by_class.items():

@@ -298,8 +298,7 @@ def create_app(store: CheckpointStore, *, allowed_hosts: Iterable[str] = ()) -> 
 
         def work() -> None:
             # its own store object (caches and all): browsing goes on while it runs
-            other = CheckpointStore.from_backend(
-                store.backend, types=store.types)  # type: ignore[arg-type]  # a registry
+            other = CheckpointStore.from_backend(store.backend, types=store.types)
             try:
                 job.report = other.verify(deep=deep, thread_id=thread, progress=progress)
             except CasError as exc:

@@ -46,9 +46,9 @@ def fields_of(value: Any, types: TypeRegistry | None = None) -> tuple[str, Any] 
     None. Attributes are read; nothing is called but the adapter the store was given."""
     if type(value).__name__ == "Stored" and hasattr(value, "data") and hasattr(value, "name"):
         return str(value.name), value.data
-    entry = types._by_class.get(type(value)) if types is not None else None  # noqa: SLF001
-    if entry is not None and entry.to_data is not None:
-        return type(value).__name__, entry.to_data(value)
+    adapted, data = types.adapted_data(value) if types is not None else (False, None)
+    if adapted:
+        return type(value).__name__, data
     if isinstance(value, enum.Enum):
         return type(value).__name__, value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
