@@ -445,10 +445,11 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     if summary and not dry_run and any(i.version for i in c.listed.values()):
         entries = {k: c.entries[k] for k in c.listed if k in c.entries}
         racy = 0.0 if backend.ref_version_listed else ref_summary.RACY
-        if loaded is None or loaded.refs != entries or len(summaries) > 1 or any(
+        if loaded is None or loaded.refs != entries or len(summaries) > 1 or (
+                loaded.root is not None and loaded.root.stale) or any(
                 e.mtime >= loaded.taken - racy for e in entries.values()):
             try:  # (best effort: a full disk must not fail the gc that frees it)
-                yield from ref_summary.store(t0, entries, summaries, report.requests)
+                yield from ref_summary.store(t0, entries, summaries, report.requests, loaded)
             except StorageError as exc:
                 log.warning("gc: could not write its summary (%s): the next run reads every "
                             "ref again", exc)
