@@ -200,3 +200,30 @@ def test_gc_with_its_summary_keeps_a_long_threads_archived_packs(
     cold = CheckpointStore.open(str(tmp_path / "s"))
     for cid in ids[::97] + ids[-3:]:
         assert cold.load("t", cid).id == cid
+
+
+def test_stats_count_a_long_threads_archived_packs(tmp_path: Any) -> None:
+    """stats(by_thread=True): a long thread's physical bytes and packs are those of every pack
+    it names, its archive's and the archived ones too, so with gc done and no pack shared the
+    threads' figures add up to the store's, which equal the listing's (old code: the head's
+    own packs only, 93 KB of the thread's 1.3 MB)."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.refs.inline_max = 1
+    _window(store, 1100)
+    store.save("u", {"short": 1})
+    time.sleep(0.01)
+    store.gc(grace=timedelta(0))
+    packs = store.backend.list("packs")
+    refs = store.backend.list("refs")
+    listed = sum(i.size for i in packs) + sum(i.size for i in refs)
+    fresh = CheckpointStore.open(str(tmp_path / "s"))
+    head = fresh.refs.read("t")
+    assert head is not None and head.head.archive is not None
+    for stats in (fresh.stats(by_thread=True), fresh.stats()):
+        assert (stats.physical_bytes, stats.objects) == (listed, len(packs))
+        assert stats.checkpoints == 1101
+    per = fresh.stats(by_thread=True).by_thread
+    assert per["t"].checkpoints == 1100
+    assert sum(t.physical_bytes for t in per.values()) == listed
+    assert sum(t.packs for t in per.values()) == len(packs)
+    assert per["t"].packs > len(head.head.packs) + 1

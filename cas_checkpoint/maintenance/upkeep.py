@@ -11,13 +11,14 @@ from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.backends.sealed import unwrap
-from cas_checkpoint.engine import retention
+from cas_checkpoint.engine import archive, retention
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import StoreStats
 from cas_checkpoint.engine.object_store import ObjectStore
 from cas_checkpoint.engine.refs import Ref, RefStore
 from cas_checkpoint.engine.steps import List, Step
 from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.heads import PackRef
 from cas_checkpoint.format.objects import LogEntry
 from cas_checkpoint.maintenance import expire as expiry
 from cas_checkpoint.maintenance import gc as gcmod
@@ -147,7 +148,12 @@ class Maintenance:
         def head_state(thread: str, ref: Ref) -> Step[Any]:
             return (yield from self.core.load_ref(thread, ref, None)).state
 
-        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
+        named: dict[str, tuple[PackRef, ...]] = {}
+        if by_thread:  # a long thread names packs through its archive too (archive.py)
+            for thread, ref in threads:
+                if ref is not None:
+                    named[thread] = yield from archive.named(self.objects, ref.head)
+        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state, named)
                ) if by_thread else {}
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
                           logical / physical if physical else 0.0, self.objects.hits,
