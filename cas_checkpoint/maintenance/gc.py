@@ -89,7 +89,7 @@ class GCReport:
     ref_rounds: int = 0  # times the refs were listed (1 + re-reads after listing)
     refs_read: int = 0  # refs read (the others: as the last run's summary recorded them)
     # the last run's summary: "used", "none" (missing: every ref read), "rebuilt" (damaged or
-    # wrong: ignored, every ref read)
+    # wrong: ignored, every ref read), "marks" (a sharded run's marks stood in: gc_marks.py)
     summary: str = "none"
     seconds: float = 0.0
     requests: dict[str, int] = field(default_factory=lambda: {
@@ -381,7 +381,8 @@ def check_grace(backend: Backend, grace: object, force: object) -> float:
 
 def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
             progress: GCProgress | None = None, force: bool = False,
-            repacked: RepackReport | None = None) -> Step[GCReport]:
+            repacked: RepackReport | None = None,
+            marks: ref_summary.Marks | None = None) -> Step[GCReport]:
     """Delete unreachable objects older than ``grace`` (see the module docstring): a step for
     ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
     now, before any I/O. ``progress`` is called from the step (on the event loop's thread
@@ -392,11 +393,12 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     inner = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
     # (no summary for an encrypted store: it would show which packs each hidden ref names)
     return _collect(inner, g, dry_run, progress, repacked if dry_run else None,
-                    summary=inner is backend)
+                    summary=inner is backend, marks=marks)
 
 
 def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | None,
-             repacked: RepackReport | None = None, *, summary: bool = True) -> Step[GCReport]:
+             repacked: RepackReport | None = None, *, summary: bool = True,
+             marks: ref_summary.Marks | None = None) -> Step[GCReport]:
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
     c = _Collector(backend, report, progress, repacked)
@@ -405,7 +407,12 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
     summaries: list[str] = []
     c.summary = None
-    if summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
+    if marks is not None:  # a sharded run's marks stand in for the summary (gc_marks.py)
+        marks.check_age(t0, g)
+        c.summary = marks.summary
+        summaries = [i.key for i in (yield List(ref_summary.FOLDER))]
+        report.requests["list"] += 1
+    elif summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
         c.summary, summaries = yield from ref_summary.load(report.requests)
         if summaries and c.summary is None:
             report.summary = "rebuilt"
@@ -434,6 +441,8 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
         else:
             candidates.append(info)
     candidates = yield from c.audit(candidates)
+    if marks is not None:
+        report.summary = "marks" if report.summary == "used" else report.summary
     if dry_run:
         deleted = candidates
     elif backend.atomic_delete:
@@ -454,6 +463,12 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
                 log.warning("gc: could not write its summary (%s): the next run reads every "
                             "ref again", exc)
         # (else the summary read stands as it is: nothing changed, no entry waits to settle)
+    if marks is not None and not dry_run:
+        try:  # (used: the next sharded run marks again)
+            yield DeleteMany(marks.keys)
+            report.requests["delete"] += 1
+        except StorageError as exc:
+            log.warning("gc: could not delete the marks it used (%s)", exc)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)

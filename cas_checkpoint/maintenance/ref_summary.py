@@ -43,7 +43,7 @@ import msgpack
 
 from cas_checkpoint.backends import ObjectInfo
 from cas_checkpoint.engine.steps import DeleteMany, PutMany, Step
-from cas_checkpoint.errors import FormatError
+from cas_checkpoint.errors import FormatError, InvalidArgumentError
 from cas_checkpoint.maintenance import summary_parts
 from cas_checkpoint.maintenance.summary_parts import Root, Row
 
@@ -82,6 +82,32 @@ class Summary:
                 or entry.mtime != info.mtime or entry.mtime >= self.taken - racy):
             return None
         return entry
+
+
+@dataclass(slots=True)
+class Marks:
+    """The marks of a sharded gc's workers (``gc_marks.py``), as a summary: ``summary.taken``
+    is the oldest mark's start; ``keys``, every mark found (deleted after the run); ``of``, the
+    number of shares."""
+
+    summary: Summary
+    keys: list[str]
+    of: int
+
+    def check_age(self, now: float, grace: float) -> None:
+        """Refuse marks taken longer than ``grace`` before ``now`` (the deleter's start, by
+        the storage's clock)."""
+        if now - self.summary.taken > grace:
+            raise refuse_marks(f"the oldest mark was taken {now - self.summary.taken:.0f} s "
+                               f"before this run, more than the {grace:g} s grace (--grace)",
+                               self.of)
+
+
+def refuse_marks(what: str, of: int | None = None) -> InvalidArgumentError:
+    n = of or "N"
+    return InvalidArgumentError(f"gc from marks refused: {what}; run gc_mark(shard=i, of={n}) "
+                                f"for each share i from 1 to {n}, then gc(from_marks=True) "
+                                "again. Nothing was deleted")
 
 
 def key_of(data: bytes) -> str:
