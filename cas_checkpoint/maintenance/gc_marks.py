@@ -8,8 +8,8 @@ names to a mark; then one process runs ``gc(from_marks=True)``, which deletes.
   archive: the work that grows with the store).
 * A mark, ``gc/marks/<n>-<i>-<blake3 of its bytes>``, is a gc summary of its share
   (``ref_summary.py``'s rows: each ref's listed version, modified time and the packs it names;
-  a long thread's ref is left out, as from the summary, and read by the deleter), with the
-  storage's clock when the worker started. A new mark replaces the older ones of its share and
+  a long thread's: its archive pack and the packs that lists too), with the storage's clock
+  when the worker started. A new mark replaces the older ones of its share and
   every mark of another split.
 * The deleter takes one mark of each share of one split, or refuses: a mark missing, damaged,
   of another split, or taken longer than the grace before the deleter's start. It then runs
@@ -65,7 +65,8 @@ def check_shard(shard: object, of: object) -> tuple[int, int]:
 @dataclass(slots=True)
 class MarkReport:
     """What ``gc_mark`` read and wrote: ``key``, the mark; ``refs_read``, the refs of the share
-    (``refs_left``: long threads' refs, left to the deleter); ``packs``, distinct packs named."""
+    (``refs_left``: those written or deleted while it read, left to the deleter); ``packs``,
+    distinct packs named."""
 
     url: str
     shard: int
@@ -87,7 +88,8 @@ class MarkReport:
 
     def to_text(self) -> str:
         return (f"gc mark {self.shard}/{self.of} of {self.url}: read {self.refs_read} refs "
-                f"naming {self.packs} packs ({self.refs_left} long threads left to the deleter)"
+                f"naming {self.packs} packs ({self.refs_left} changed meanwhile: left to the "
+                f"deleter)"
                 f"; wrote {self.key}; {self.seconds:.2f} s; requests "
                 + ", ".join(f"{k} {v}" for k, v in self.requests.items())
                 + f". When every share 1..{self.of} is marked, run gc(from_marks=True) in one "
@@ -127,7 +129,7 @@ def mark(backend: Backend, shard: int, of: int) -> Step[MarkReport]:
     out.requests["list"] += 1 + len(listed) // 1000
     mine = [i for i in listed if is_thread_key(i.key) and share(i.key, of) == shard]
     del listed
-    yield from c._read(mine)
+    yield from c.mark_heads((yield from c._read(mine)))  # (reads long threads' archives)
     out.refs_read = len(mine)
     out.refs_left = len(mine) - len(c.entries)
     out.packs = len(set().union(*(e.packs for e in c.entries.values())))
