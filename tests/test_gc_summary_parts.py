@@ -61,7 +61,8 @@ def test_split_is_a_function_of_the_keys() -> None:
 
 
 @pytest.mark.parametrize("backend_kind", ["local"])
-def test_a_run_rewrites_only_the_part_whose_refs_changed(store: CheckpointStore) -> None:
+def test_a_few_changes_write_a_delta_and_more_the_parts_they_touch(
+        store: CheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
     settled(store)
     before = parts(store)
     n = len(table(store))
@@ -72,14 +73,51 @@ def test_a_run_rewrites_only_the_part_whose_refs_changed(store: CheckpointStore)
     assert again.requests["get"] == 1 + n and again.requests["put"] == 1
     assert parts(store) == before
     store.save("t7", {"changed": 1})
+    store.delete_thread("t20")
     time.sleep(ref_summary.RACY + 1)
     third = gc0(store)
-    assert third.refs_read == 1
+    assert third.refs_read == 1 + ref_summary.audit_size(N - 2)  # (t20's pack goes: audited)
+    # a few changes: the parts stay, a delta holds t7's row and t20's leaving; a PUT for the
+    # probe, the delta, the root
+    delta = parts(store) - before
+    assert len(delta) == 1 and before <= parts(store) and third.requests["put"] == 3
+    fourth = gc0(store)  # (root, parts, delta read: t7 from the delta)
+    assert fourth.refs_read == 0 and fourth.requests["get"] == 1 + n + 1
+    assert fourth.threads == N - 1 and fourth.requests["put"] == 1
+    # past the delta's share: the part t7 falls in is written again, the delta goes
+    monkeypatch.setattr(summary_parts, "DELTA_SHARE", 0.0)
+    store.save("t7", {"changed": 2})
+    time.sleep(ref_summary.RACY + 1)
+    fifth = gc0(store)
+    assert fifth.refs_read == 1
     after = parts(store)
-    # one part is new, the one it replaces is gone; a PUT for the probe, the part, the root
-    assert len(after - before) == 1 and len(before - after) == 1
-    assert third.requests["put"] == 3
+    # the parts of t7 and t20 (one or two), the probe, the root; the delta is gone
+    new = len(after - before)
+    assert new in (1, 2) and len(before - after) == new and not delta & after
+    assert fifth.requests["put"] == 2 + new
+    assert gc0(store).refs_read == 0
     assert named(store) <= pack_ids(store)
+
+
+@pytest.mark.parametrize("backend_kind", ["local"])
+def test_a_damaged_delta_leaves_the_parts_rows(store: CheckpointStore) -> None:
+    """The delta's rows are lost: the parts' older rows stand, whose versions the changed refs
+    no longer show, so those refs are read; nothing reachable goes."""
+    settled(store)
+    before = parts(store)
+    for t in ("t3", "t40"):
+        store.save(t, {"changed": t})
+    time.sleep(ref_summary.RACY + 1)
+    gc0(store)
+    (delta,) = parts(store) - before
+    store.backend.delete_many([delta])
+    store.backend.put_many({delta: b"garbage"})
+    store.delete_thread("t11")
+    report = gc0(store)
+    assert 2 <= report.refs_read <= 2 + ref_summary.AUDIT_MIN and report.deleted_objects >= 1
+    assert named(store) <= pack_ids(store)
+    assert store.load("t40").state == {"changed": "t40"}
+    assert parts(store) != before | {delta}  # (rewritten whole: a bad part or delta)
 
 
 @pytest.mark.s3_matters("request counts: a GET per part, a PUT for the changed part only")

@@ -217,9 +217,13 @@ def store(taken: float, refs: dict[str, Entry], old: list[str],
     """Write the summary of this run (the parts that changed, then the root), then delete the
     ones before it; returns its key."""
     rows = {k: to_row(k, e) for k, e in refs.items()}
+    changed = None
+    if loaded is not None:
+        changed = {k for k, e in refs.items() if loaded.refs.get(k) != e}
+        changed.update(k for k in loaded.refs if k not in refs)
     return (yield from summary_parts.store(FOLDER, PARTS, "gc", taken, rows,
                                            loaded.root if loaded is not None else None, old,
-                                           requests))
+                                           requests, changed))
 
 
 def put_replacing(key: str, data: bytes, old: list[str]) -> Step[bool]:

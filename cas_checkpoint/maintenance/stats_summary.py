@@ -136,8 +136,11 @@ def figures(refs: RefStore, racy: float, now: float
     if any(i.version for i in listed) and (keep != known or len(found) != 1 or (
             root is not None and root.stale)):
         try:  # (best effort: stats() of a store this process may not write still answers)
+            changed = {k for k, f in keep.items() if known.get(k) != f}
+            changed.update(k for k in known if k not in keep)
             yield from summary_parts.store(FOLDER, PARTS, "stats", now,
-                                           {k: _row(k, f) for k, f in keep.items()}, root, found)
+                                           {k: _row(k, f) for k, f in keep.items()}, root, found,
+                                           None, changed)
         except StorageError as exc:
             log.warning("stats: could not write its summary (%s): the next stats() reads "
                         "every ref again", exc)

@@ -21,7 +21,15 @@ Objects (zlib-compressed msgpack, named by the BLAKE3 of their bytes, verified w
   ``INLINE_REFS`` refs keeps its rows in the root itself (one object, one read) and no parts;
 * a part, ``<parts folder>/<blake3>``: ``{"v": 2, "kind": kind, "rows": [[key, ...], ...]}``,
   rows sorted by key; its rows must be the root's count, and lie between its first key and
-  the next part's.
+  the next part's;
+* the root's ``"delta"``, ``[blake3, rows, gone]`` or absent: a part of the same form (with
+  ``"gone": [keys]``) holding the rows that changed since the parts were written, over any
+  key range, and the keys deleted since. Changes spread over the keys (1% of a store's threads
+  touch every part of 4,096), so a run whose changes (with those already in the delta) are at
+  most ``DELTA_SHARE`` of the refs and ``DELTA_REFS`` writes the delta and the root, not the
+  parts: its writes grow with what changed. Past that, the parts whose rows changed are
+  written again and the delta is dropped (LSM trees merge so). A delta that does not verify
+  leaves the parts' rows, older than the refs' versions (so not trusted where they changed).
 
 A part that is missing, damaged, or that does not match what the root says of it is dropped:
 its refs are read as if the summary did not know them (the rest of the summary still counts).
@@ -50,6 +58,8 @@ PART_REFS = 4096  # refs a part holds, on average (gc: ~250 KB before compressio
 MAX_PART_REFS = 4 * PART_REFS  # ...and at most
 INLINE_REFS = 2048  # a summary of at most this many refs is one object
 MAX_BYTES = 1 << 30  # an object (decompressed) larger than this is refused unread
+DELTA_SHARE = 0.25  # a delta holds at most this share of the refs...
+DELTA_REFS = MAX_PART_REFS * 4  # ...and at most this many (else the parts are written again)
 READ_BATCH = 4  # parts read in one round (a run holds at most these, and the summary's rows)
 
 Row = list[Any]
@@ -112,6 +122,9 @@ class Root:
     parts: list[str] = field(default_factory=list)
     good: set[str] = field(default_factory=set)
     bad: int = 0
+    delta: str | None = None  # the delta part's name (as the root gives it)
+    delta_keys: set[str] = field(default_factory=set)  # keys the delta changes or removes
+    table: list[Any] = field(default_factory=list)  # [first key, part name, rows] a part
     format: int = FORMAT  # 1: a single-object summary from before the split (rewritten)
 
     @property
@@ -150,12 +163,18 @@ def read_root(key: str, data: bytes, kind: str, check: RowCheck) -> tuple[Root, 
                 and 0 < p[2] <= MAX_PART_REFS and (last is None or p[0] > last)):
             raise FormatError(f"{key} has a malformed part table")
         last = p[0]
+    delta = got.get("delta")
+    if delta is not None and not (parts and isinstance(delta, list) and len(delta) == 3
+                                  and isinstance(delta[0], str) and len(delta[0]) == 64
+                                  and all(isinstance(n, int) and 0 <= n <= DELTA_REFS
+                                          for n in delta[1:])):
+        raise FormatError(f"{key} has a malformed delta")
     root = Root(key, taken, parts=[p[1] for p in parts])
     for row in _check_rows(key, got.get("rows", []), check, None, None, kind):
         root.rows[row[0]] = row
     if parts and root.rows:
         raise FormatError(f"{key} has both parts and rows")
-    return root, parts
+    return root, parts + ([["", *delta]] if delta is not None else [])
 
 
 def load(folder: str, parts_folder: str, kind: str, check: RowCheck,
@@ -187,7 +206,11 @@ def load(folder: str, parts_folder: str, kind: str, check: RowCheck,
             log.warning("%s: %s is ignored, every ref is read and a new summary written (%s)",
                         kind, info.key, exc)
             continue
+        delta = table.pop() if table and table[-1][0] == "" else None
+        root.table = table
         yield from _read_parts(root, table, parts_folder, kind, check, req)
+        if delta is not None:
+            yield from _read_delta(root, delta, parts_folder, kind, check, req)
         return root, [i.key for i in found]
     return None, [i.key for i in found]
 
@@ -225,14 +248,56 @@ def _read_parts(root: Root, table: list[Any], parts_folder: str, kind: str, chec
         del got
 
 
+def _read_delta(root: Root, delta: list[Any], parts_folder: str, kind: str, check: RowCheck,
+                req: dict[str, int]) -> Step[None]:
+    """The delta over ``root.rows``: its rows replace theirs, its gone keys leave."""
+    root.delta = delta[1]
+    pkey = f"{parts_folder}/{delta[1]}"
+    got: dict[str, bytes | None] = yield GetMany([pkey])
+    req["get"] += 1
+    try:
+        data = got.get(pkey)
+        if data is None:
+            raise FormatError(f"{pkey} is missing")
+        part = unpack(pkey, data, f"{kind} summary delta")
+        gone = part.get("gone")
+        if part.get("v") != FORMAT or part.get("kind") != kind or not isinstance(gone, list) \
+                or not all(isinstance(k, str) for k in gone):
+            raise FormatError(f"{pkey} is not a {kind} summary delta")
+        rows = _check_rows(pkey, part.get("rows"), check, None, None, kind)
+        if (len(rows), len(gone)) != (delta[2], delta[3]):
+            raise FormatError(f"{pkey} does not hold the rows its root counts")
+    except FormatError as exc:
+        log.warning("%s: summary delta %s is ignored, the parts' older rows stand (%s)", kind,
+                    pkey, exc)
+        root.bad += 1
+        return
+    root.good.add(delta[1])
+    for row in rows:
+        root.rows[row[0]] = row
+        root.delta_keys.add(row[0])
+    for k in gone:
+        root.rows.pop(k, None)
+        root.delta_keys.add(k)
+
+
 def store(folder: str, parts_folder: str, kind: str, taken: float, rows: dict[str, Row],
           loaded: Root | None, old_roots: list[str],
-          requests: dict[str, int] | None = None) -> Step[str]:
+          requests: dict[str, int] | None = None,
+          changed: set[str] | None = None) -> Step[str]:
     """Write a summary of ``rows`` (key -> row): the parts not already stored and verified
     (``loaded.good``), then its root; then delete the roots before it and the parts no longer
     named. When no root was read (a first run, or one rebuilding a damaged summary) the parts
-    folder is listed so that parts a killed run left are deleted. Returns the root's key."""
+    folder is listed so that parts a killed run left are deleted. ``changed``: the keys whose
+    row differs from ``loaded``'s (changed, new or gone): when they are few, only a delta is
+    written (see the module docstring). Returns the root's key."""
     req = requests if requests is not None else {"list": 0, "put": 0, "delete": 0}
+    if (changed is not None and loaded is not None and loaded.parts and not loaded.stale
+            and len(rows) > INLINE_REFS):
+        delta = loaded.delta_keys | changed
+        if len(delta) <= min(DELTA_REFS, DELTA_SHARE * len(rows)):
+            return (yield from _store_delta(folder, parts_folder, kind, taken, rows, loaded,
+                                            old_roots, req, delta))
     table: list[list[Any]] = []
     inline: list[Row] = []
     keys = sorted(rows)
@@ -258,8 +323,38 @@ def store(folder: str, parts_folder: str, kind: str, taken: float, rows: dict[st
         listed = yield List(parts_folder)
         req["list"] += 1
         drop = [i.key for i in listed if i.key.rsplit("/", 1)[1] not in named]
+    if loaded is not None and loaded.delta is not None:
+        drop.append(f"{parts_folder}/{loaded.delta}")
     drop += [k for k in old_roots if k != key]
     if drop:
         yield DeleteMany(drop)
         req["delete"] += 1
     return key
+
+
+def _store_delta(folder: str, parts_folder: str, kind: str, taken: float, rows: dict[str, Row],
+                 loaded: Root, old_roots: list[str], req: dict[str, int],
+                 delta: set[str]) -> Step[str]:
+    """The root naming ``loaded``'s parts as they are, and a delta of the rows of ``delta``."""
+    keys = sorted(delta)
+    data = pack({"v": FORMAT, "kind": kind, "rows": [rows[k] for k in keys if k in rows],
+                 "gone": [k for k in keys if k not in rows]})
+    name = name_of(parts_folder, data)
+    digest = name.rsplit("/", 1)[1]
+    if digest != loaded.delta:
+        yield PutMany({name: data})
+        req["put"] += 1
+    n = sum(k in rows for k in keys)
+    data = pack({"v": FORMAT, "kind": kind, "taken": taken, "parts": loaded.table, "rows": [],
+                 "delta": [digest, n, len(keys) - n]})
+    key = name_of(folder, data)
+    yield PutMany({key: data})
+    req["put"] += 1
+    drop = [k for k in old_roots if k != key]
+    if loaded.delta is not None and loaded.delta != digest:
+        drop.append(f"{parts_folder}/{loaded.delta}")
+    if drop:
+        yield DeleteMany(drop)
+        req["delete"] += 1
+    return key
+
