@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from builders import count_s3
@@ -195,3 +196,22 @@ def test_cli_shard_and_from_marks(store: CheckpointStore) -> None:
     refused = subprocess.run([*cli, "--from-marks"], capture_output=True, text=True, env=env)
     assert refused.returncode != 0 and "--shard I/N" in refused.stderr, refused.stderr
     assert "gc_mark" not in refused.stderr
+
+
+def test_async_face_marks_and_deletes(tmp_path: Any) -> None:
+    """AsyncCheckpointStore.gc_mark and gc(from_marks=True): the same steps, awaited."""
+    import asyncio
+
+    from cas_checkpoint import AsyncCheckpointStore
+
+    sync = CheckpointStore.open(str(tmp_path / "s"))
+    dead = garbage(sync, 12, 2)
+
+    async def main() -> set[str]:
+        async with await AsyncCheckpointStore.open(str(tmp_path / "s")) as store:
+            reports = [await store.gc_mark(shard=i, of=2) for i in (1, 2)]
+            assert sum(r.refs_read for r in reports) == 10
+            return set((await store.gc(grace=HOUR, from_marks=True)).deleted)
+
+    assert asyncio.run(main()) == dead
+    assert named(sync) <= pack_ids(sync) and marks(sync) == []
