@@ -175,6 +175,7 @@ def test_s3_each_worker_reads_its_share(store: CheckpointStore) -> None:
     report = store.gc(grace=timedelta(seconds=3), from_marks=True)
     # GETs: the 3 marks, and the audit's sample before deleting
     assert calls["get_object"] == 3 + report.refs_read, calls
+    assert report.requests["get"] == calls["get_object"]
     assert report.summary == "marks" and report.refs_read <= ref_summary.AUDIT_MIN
     assert set(report.deleted) == dead, report.to_dict()
     assert named(store) <= pack_ids(store)

@@ -428,6 +428,8 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     c.summary = None
     if marks is not None:  # a sharded run's marks stand in for the summary (gc_marks.py)
         marks.check_age(t0, g)
+        for kind, n in marks.requests.items():  # (reading the marks)
+            report.requests[kind] = report.requests.get(kind, 0) + n
         c.summary = marks.summary
         summaries = [i.key for i in (yield List(ref_summary.FOLDER))]
         report.requests["list"] += 1

@@ -175,7 +175,8 @@ def load(backend: Backend, requests: dict[str, int]) -> Step[ref_summary.Marks]:
     missing = [s for s in range(1, of + 1) if s not in newest]
     if missing:
         raise _refuse(f"no mark of share {', '.join(map(str, missing[:5]))} of {of}", of)
-    out = ref_summary.Marks(ref_summary.Summary(float("inf")), [i.key for i in found], of)
+    out = ref_summary.Marks(ref_summary.Summary(float("inf")), [i.key for i in found], of,
+                            requests)
     for start in range(0, of, summary_parts.READ_BATCH):
         batch = [newest[s].key for s in range(start + 1, min(of, start
                                                              + summary_parts.READ_BATCH) + 1)]

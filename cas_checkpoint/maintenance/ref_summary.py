@@ -93,6 +93,7 @@ class Marks:
     summary: Summary
     keys: list[str]
     of: int
+    requests: dict[str, int] = field(default_factory=lambda: {"list": 0, "get": 0})
 
     def check_age(self, now: float, grace: float) -> None:
         """Refuse marks taken longer than ``grace`` before ``now`` (the deleter's start, by
