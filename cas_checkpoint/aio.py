@@ -44,6 +44,7 @@ from cas_checkpoint.format import sealing
 from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import gc_marks
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -311,11 +312,16 @@ class AsyncCheckpointStore:
 
     async def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
                  progress: gcmod.GCProgress | None = None, force: bool = False,
-                 repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
+                 repack: bool = False, min_garbage: float = 0.25,
+                 from_marks: bool = False) -> gcmod.GCReport:
         """Delete what no ref reaches, older than ``grace`` (see ``CheckpointStore.gc``)."""
         return await self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
                                              force=force, repack=repack,
-                                             min_garbage=min_garbage))
+                                             min_garbage=min_garbage, from_marks=from_marks))
+
+    async def gc_mark(self, *, shard: int, of: int) -> gc_marks.MarkReport:
+        """gc's reading work for one share of the refs (see ``CheckpointStore.gc_mark``)."""
+        return await self._run(self._upkeep.gc_mark(shard=shard, of=of))
 
     # --- moving threads between stores ---
 

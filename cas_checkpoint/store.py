@@ -23,6 +23,7 @@ from cas_checkpoint.format.extypes import TypeRegistry
 from cas_checkpoint.format.objects import CheckpointId
 from cas_checkpoint.format.sealing import Encryption
 from cas_checkpoint.maintenance import gc as gcmod
+from cas_checkpoint.maintenance import gc_marks
 from cas_checkpoint.maintenance import rekey as rotation
 from cas_checkpoint.maintenance.expire import ExpireReport
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -370,15 +371,26 @@ class CheckpointStore:
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
            progress: gcmod.GCProgress | None = None, force: bool = False,
-           repack: bool = False, min_garbage: float = 0.25) -> gcmod.GCReport:
+           repack: bool = False, min_garbage: float = 0.25,
+           from_marks: bool = False) -> gcmod.GCReport:
         """Delete every object no ref reaches that was last written or reused more than
         ``grace`` ago, by the storage's clock. Safe while other processes save (see the README,
         "How GC stays safe"). On S3 a grace under 1 s needs ``force=True``. With ``repack``,
         first ``repack(min_garbage=...)`` every thread (``report.repack``); a dry run then
-        counts as if that repack had been done, so it predicts what the run deletes. Every
-        argument is checked before anything changes."""
+        counts as if that repack had been done, so it predicts what the run deletes. With
+        ``from_marks``, the refs' packs come from the marks of ``gc_mark`` (one of each share,
+        taken within the grace; else ``InvalidArgumentError`` and nothing is deleted), refs
+        written since are read again. Every argument is checked before anything changes."""
         return self._run(self._upkeep.gc(grace=grace, dry_run=dry_run, progress=progress,
-                                       force=force, repack=repack, min_garbage=min_garbage))
+                                       force=force, repack=repack, min_garbage=min_garbage,
+                                       from_marks=from_marks))
+
+    def gc_mark(self, *, shard: int, of: int) -> gc_marks.MarkReport:
+        """gc's reading work for share ``shard`` (1 to ``of``) of the refs: read them and write
+        what each names to a mark in the store (``report.key``); when every share is marked
+        (by as many processes or machines), one ``gc(from_marks=True)`` deletes. See
+        docs/operations/large-stores.md."""
+        return self._run(self._upkeep.gc_mark(shard=shard, of=of))
 
     # --- moving threads between stores (bundle.py, copy.py) ---
 

@@ -568,7 +568,8 @@ def test_stats_by_thread(store: CheckpointStore) -> None:
             messages=len(state_now["messages"]) if isinstance(state_now, dict) else None,
             logical_bytes=sum(h.size for h in history),
             physical_bytes=physical,
-            dedup_ratio=sum(h.size for h in history) / physical)
+            dedup_ratio=sum(h.size for h in history) / physical,
+            packs=len(head.packs))
     assert st.by_thread["a"].messages == 156 and st.by_thread["b"].messages == 157
     assert st.by_thread["c"].messages is None
     # b shares a's packs: each counts them, so the sum exceeds what is stored

@@ -176,10 +176,11 @@ def test_fork_and_copy_of_a_long_thread_keep_its_archive(tmp_path: Any) -> None:
 
 def test_gc_with_its_summary_keeps_a_long_threads_archived_packs(
         tmp_path: Any, monkeypatch: Any) -> None:
-    """gc's summary keeps the packs each ref names itself; a long thread names more through its
-    archive, so the summary never stands in for its ref: a second gc (the summary in use, the
-    ref unchanged) deletes none of the archived packs, and a new store object loads every
-    checkpoint (a version that trusted the summary for it deleted them all)."""
+    """A long thread names packs through its archive too: gc's summary records them all (its
+    archive pack and the packs that lists), so it stands in for the ref like any other: a
+    second gc (the summary in use, the ref unchanged) reads no ref and no archive, deletes
+    none of the archived packs, and a new store object loads every checkpoint (a version that
+    recorded only the head's own packs deleted them all)."""
     import time
     from datetime import timedelta
 
@@ -196,7 +197,64 @@ def test_gc_with_its_summary_keeps_a_long_threads_archived_packs(
     first = store.gc(grace=timedelta(0), force=True)
     again = store.gc(grace=timedelta(0), force=True)
     assert first.summary in ("none", "rebuilt") and again.summary == "used"
-    assert again.refs_read >= 1  # the long thread's ref: read, not taken from the summary
+    assert again.refs_read == 0 and again.requests["get"] == 1  # (the summary alone)
+    assert again.deleted_objects == 0
     cold = CheckpointStore.open(str(tmp_path / "s"))
     for cid in ids[::97] + ids[-3:]:
+        assert cold.load("t", cid).id == cid
+
+
+def test_stats_count_a_long_threads_archived_packs(tmp_path: Any) -> None:
+    """stats(by_thread=True): a long thread's physical bytes and packs are those of every pack
+    it names, its archive's and the archived ones too, so with gc done and no pack shared the
+    threads' figures add up to the store's, which equal the listing's (old code: the head's
+    own packs only, 93 KB of the thread's 1.3 MB)."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.refs.inline_max = 1
+    _window(store, 1100)
+    store.save("u", {"short": 1})
+    time.sleep(0.01)
+    store.gc(grace=timedelta(0))
+    packs = store.backend.list("packs")
+    refs = store.backend.list("refs")
+    listed = sum(i.size for i in packs) + sum(i.size for i in refs)
+    fresh = CheckpointStore.open(str(tmp_path / "s"))
+    head = fresh.refs.read("t")
+    assert head is not None and head.head.archive is not None
+    for stats in (fresh.stats(by_thread=True), fresh.stats()):
+        assert (stats.physical_bytes, stats.objects) == (listed, len(packs))
+        assert stats.checkpoints == 1101
+    per = fresh.stats(by_thread=True).by_thread
+    assert per["t"].checkpoints == 1100
+    assert sum(t.physical_bytes for t in per.values()) == listed
+    assert sum(t.packs for t in per.values()) == len(packs)
+    assert per["t"].packs > len(head.head.packs) + 1
+
+
+def test_a_summary_leaving_out_a_long_threads_archive_is_caught(tmp_path: Any) -> None:
+    """A summary (of the format before the split: still read) that records only the long
+    thread's own packs, as gc's summary once did: the audit before deleting compares every pack
+    the ref names, its archive's included, finds the entry wrong, reads every ref, and deletes
+    none of the archived packs."""
+    from cas_checkpoint.engine.refs import HEADS
+    from cas_checkpoint.maintenance import ref_summary
+
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    store.refs.inline_max = 1
+    ids = _window(store, 1100)
+    store.save("short", {"x": 1})
+    store.gc(grace=timedelta(0))
+    store.delete_thread("short")  # garbage: gc deletes, so it audits
+    time.sleep(ref_summary.RACY + 1)
+    head = store.refs.read("t")
+    assert head is not None and head.head.archive is not None
+    lie = {i.key: ref_summary.Entry(i.version, i.mtime, frozenset(p.id for p in head.head.packs))
+           for i in store.backend.list(HEADS)}
+    data = ref_summary.encode(time.time() + 3600, lie)
+    store.backend.delete_many([i.key for i in store.backend.list(ref_summary.FOLDER)])
+    store.backend.put_many({ref_summary.key_of(data): data})
+    report = store.gc(grace=timedelta(0))
+    assert report.summary == "rebuilt" and report.deleted_objects >= 1
+    cold = CheckpointStore.open(str(tmp_path / "s"))
+    for cid in ids[::97]:
         assert cold.load("t", cid).id == cid

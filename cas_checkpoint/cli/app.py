@@ -187,6 +187,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="skip the repack of packs that hold garbage")
     p.add_argument("--force", action="store_true", help="allow a grace under 1 s on S3")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="sharded gc: read share I of N of the refs and write its mark; delete "
+                        "nothing (run I = 1..N, anywhere, then --from-marks once)")
+    p.add_argument("--from-marks", action="store_true",
+                   help="sharded gc: delete, taking the refs from the marks of every share "
+                        "(no repack)")
 
     p = cmd("export", move.cmd_export, "write a thread and everything it reaches to one file")
     p.add_argument("store")

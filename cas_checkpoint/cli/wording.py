@@ -42,6 +42,9 @@ _PHRASES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"encryption='keyless'", "--keyless"),
     (r"without encryption=", "without --key-file, --keyless or CAS_KEY"),
     (r"verify\(deep=False\)", "verify without --deep"),
+    (r"gc_mark\(shard=i, of=(\w+)\) for each share i from 1 to (\w+)",
+     r"`cas-checkpoint gc STORE --shard I/\1` for each share I from 1 to \2"),
+    (r"gc\(from_marks=True\)", "`cas-checkpoint gc STORE --from-marks`"),
     (r"grace=timedelta\(seconds=1\), --grace 1s", "--grace 1s"),
     (r"([a-z_]+)=\S+ \((--[a-z-]+)\)", r"\2"),  # "force=True (--force)": the flag said twice
     (r"threads\(\) lists the threads there are", "`cas-checkpoint threads STORE` lists them"),

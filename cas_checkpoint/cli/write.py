@@ -240,12 +240,34 @@ def cmd_expire(args: argparse.Namespace) -> int:
     return OK
 
 
+def _shard(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    if not sep or not i.isdigit() or not n.isdigit() or not 1 <= int(i) <= int(n):
+        raise CliError(f"--shard takes I/N, share I of N with 1 <= I <= N (e.g. --shard 2/8), "
+                       f"not {text!r}")
+    return int(i), int(n)
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
+    shard = getattr(args, "shard", None)
+    from_marks = getattr(args, "from_marks", False)
+    if shard is not None and (from_marks or args.dry_run):
+        raise CliError("--shard writes one share's mark and deletes nothing: run it without "
+                       "--from-marks and --dry-run, then `gc STORE --from-marks` once")
     store = open_store(args)
-    repack = args.repack and not args.keyless  # a repack rewrites packs: it needs the key
+    if shard is not None:
+        i, n = _shard(shard)
+        marked = store.gc_mark(shard=i, of=n)
+        if args.json:
+            emit_json(marked.to_dict())
+        else:
+            print(for_cli(marked.to_text()))
+        return OK
+    # a repack rewrites packs: it needs the key; from marks, it would read every thread here
+    repack = args.repack and not args.keyless and not from_marks
     with bar(args, "gc") as progress:  # (arguments checked first; a dry run predicts the run)
         report = store.gc(grace=args.grace, dry_run=args.dry_run, progress=progress,
-                          force=args.force, repack=repack)
+                          force=args.force, repack=repack, from_marks=from_marks)
     repacked = report.repack
     if args.json:
         out = report.to_dict()

@@ -218,6 +218,7 @@ class ThreadStats:
     logical_bytes: int  # sum of its checkpoints' encoded state sizes
     physical_bytes: int  # its ref plus the packs it names (a shared pack counts in each thread)
     dedup_ratio: float  # logical / physical
+    packs: int = 0  # packs it names: its head's, and a long thread's archive and archived packs
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,7 @@ class GCReport:
     ref_rounds: int = 0  # times the refs were listed (1 + re-reads after listing)
     refs_read: int = 0  # refs read (the others: as the last run's summary recorded them)
     # the last run's summary: "used", "none" (missing: every ref read), "rebuilt" (damaged or
-    # wrong: ignored, every ref read)
+    # wrong: ignored, every ref read), "marks" (a sharded run's marks stood in: gc_marks.py)
     summary: str = "none"
     seconds: float = 0.0
     requests: dict[str, int] = field(default_factory=lambda: {
@@ -163,6 +163,18 @@ class _Collector:
         self.swaps = {t.thread_id: (frozenset(t.old_packs), t.new_pack) for t in (
             repacked.threads if repacked is not None else ()) if t.new_pack is not None}
         self.new_packs: dict[str, int] = {}
+        # archive pack id -> the packs it lists (read once a run); long threads' refs read
+        # whose archive is not read yet: key -> (listing, head)
+        self.archives: dict[str, frozenset[str]] = {}
+        self.pending: dict[str, tuple[ObjectInfo, Head]] = {}
+
+    def names(self, head: Head) -> frozenset[str]:
+        """Every pack ``head`` names: its own, and a long thread's archive pack and the packs
+        that lists (read by ``read_archives``)."""
+        names: frozenset[str] = frozenset(p.id for p in head.packs)
+        if head.archive is not None:
+            names = names | {head.archive.id} | self.archives[head.archive.id]
+        return names
 
     # marking: a ref reaches exactly the packs its head names (and its inline objects, which
     # live in the ref itself), so marking reads the refs and nothing else
@@ -237,15 +249,17 @@ class _Collector:
             # version listed; a ref written since shows another version next run (local disk:
             # a newer change time; S3: the ETag, which must then be the one read, as a ref
             # written back to bytes listed before would show the old ETag again)
+            self.pending.pop(key, None)
             if self.backend.ref_version_listed and ref[1] != info.version:
                 self.entries.pop(key, None)
-            elif head.archive is not None:
-                # a long thread names packs through its archive too: the summary, which keeps
-                # the packs a ref names itself, never stands in for it (read every run)
+            elif head.archive is not None and head.archive.id not in self.archives:
+                # a long thread names packs through its archive too: its entry waits for the
+                # archive's list (mark_heads reads it); until then the summary cannot stand in
                 self.entries.pop(key, None)
+                self.pending[key] = (info, head)
             else:
                 self.entries[key] = ref_summary.Entry(info.version, info.mtime,
-                                                      frozenset(p.id for p in head.packs))
+                                                      self.names(head))
             if self.versions.get(key) != ref[1]:
                 self.versions[key] = ref[1]
                 changed[key] = head
@@ -261,9 +275,9 @@ class _Collector:
             return candidates
         sample = ref_summary.audit_sample(sorted(trusted))
         heads = yield from self._read([self.listed[k] for k in sample])
-        wrong = [k for k in sample if k in self.entries and k in heads
-                 and frozenset(p.id for p in heads[k].packs) != trusted[k].packs]
         yield from self.mark_heads(heads)
+        wrong = [k for k in sample if k in self.entries and k in heads
+                 and self.names(heads[k]) != trusted[k].packs]
         if wrong:
             log.warning("gc: the summary of the last run is wrong about %s: it is ignored and "
                         "every ref is read", wrong[0])
@@ -274,11 +288,14 @@ class _Collector:
         return [i for i in candidates if key_pack_id(i.key) not in self.marked]
 
     def mark_heads(self, heads: dict[str, Head]) -> Step[None]:
-        archives = yield from self.read_archives([h for h in heads.values() if h.archive])
+        yield from self.read_archives([h for h in heads.values() if h.archive])
+        for key, (info, head) in list(self.pending.items()):  # their archives are read now
+            if head.archive is not None and head.archive.id in self.archives:
+                del self.pending[key]
+                self.entries[key] = ref_summary.Entry(info.version, info.mtime,
+                                                      self.names(head))
         for head in heads.values():
-            names: frozenset[str] = frozenset(p.id for p in head.packs)
-            if head.archive is not None:  # a long thread's archive and the packs it lists
-                names = names | {head.archive.id} | archives[head.archive.id]
+            names = self.names(head)  # (a long thread's: its archive and the packs it lists)
             swap = self.swaps.get(head.thread_id)
             if swap is not None and swap[0] == names:  # (a head that moved since: as it is)
                 self.marked.add(swap[1].id)
@@ -288,9 +305,11 @@ class _Collector:
         self.progress("mark", len(heads), len(heads))
 
     def read_archives(self, heads: list[Head]) -> Step[dict[str, frozenset[str]]]:
-        """The packs each archive of ``heads`` lists (archive.py), read in one round. One that
-        cannot be read stops gc before it deletes anything: what it lists is not known."""
-        ids = list(dict.fromkeys(h.archive.id for h in heads if h.archive is not None))
+        """The packs each archive of ``heads`` lists (archive.py; into ``self.archives``), those
+        not read yet in one round. One that cannot be read stops gc before it deletes anything:
+        what it lists is not known."""
+        ids = list(dict.fromkeys(h.archive.id for h in heads if h.archive is not None
+                                 and h.archive.id not in self.archives))
         if not ids:
             return {}
         self.req["get"] += len(ids)
@@ -308,7 +327,7 @@ class _Collector:
                     f"long thread cannot be read ({exc}), so the packs it names are not "
                     f"known. Run `cas-checkpoint verify`, and restore or remove that thread"
                     ) from None
-            out[aid] = frozenset(p.id for p in listed)
+            out[aid] = self.archives[aid] = frozenset(p.id for p in listed)
         return out
 
     # listing
@@ -381,7 +400,8 @@ def check_grace(backend: Backend, grace: object, force: object) -> float:
 
 def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
             progress: GCProgress | None = None, force: bool = False,
-            repacked: RepackReport | None = None) -> Step[GCReport]:
+            repacked: RepackReport | None = None,
+            marks: ref_summary.Marks | None = None) -> Step[GCReport]:
     """Delete unreachable objects older than ``grace`` (see the module docstring): a step for
     ``ops.run(step, backend)`` or ``await ops.arun(step, backend)``; the arguments are checked
     now, before any I/O. ``progress`` is called from the step (on the event loop's thread
@@ -392,11 +412,12 @@ def collect(backend: Backend, *, grace: timedelta, dry_run: bool = False,
     inner = unwrap(backend)  # an encrypted store's storage: its refs still read sealed
     # (no summary for an encrypted store: it would show which packs each hidden ref names)
     return _collect(inner, g, dry_run, progress, repacked if dry_run else None,
-                    summary=inner is backend)
+                    summary=inner is backend, marks=marks)
 
 
 def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | None,
-             repacked: RepackReport | None = None, *, summary: bool = True) -> Step[GCReport]:
+             repacked: RepackReport | None = None, *, summary: bool = True,
+             marks: ref_summary.Marks | None = None) -> Step[GCReport]:
     started = time.perf_counter()
     report = GCReport(backend.url, dry_run, g)
     c = _Collector(backend, report, progress, repacked)
@@ -405,7 +426,14 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     t0 = report.storage_now = yield from storage_now(backend, report.requests)
     summaries: list[str] = []
     c.summary = None
-    if summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
+    if marks is not None:  # a sharded run's marks stand in for the summary (gc_marks.py)
+        marks.check_age(t0, g)
+        for kind, n in marks.requests.items():  # (reading the marks)
+            report.requests[kind] = report.requests.get(kind, 0) + n
+        c.summary = marks.summary
+        summaries = [i.key for i in (yield List(ref_summary.FOLDER))]
+        report.requests["list"] += 1
+    elif summary and not c.swaps:  # (a dry run after a dry repack marks by thread: read all)
         c.summary, summaries = yield from ref_summary.load(report.requests)
         if summaries and c.summary is None:
             report.summary = "rebuilt"
@@ -434,6 +462,8 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
         else:
             candidates.append(info)
     candidates = yield from c.audit(candidates)
+    if marks is not None:
+        report.summary = "marks" if report.summary == "used" else report.summary
     if dry_run:
         deleted = candidates
     elif backend.atomic_delete:
@@ -445,14 +475,21 @@ def _collect(backend: Backend, g: float, dry_run: bool, progress: GCProgress | N
     if summary and not dry_run and any(i.version for i in c.listed.values()):
         entries = {k: c.entries[k] for k in c.listed if k in c.entries}
         racy = 0.0 if backend.ref_version_listed else ref_summary.RACY
-        if loaded is None or loaded.refs != entries or len(summaries) > 1 or any(
+        if loaded is None or loaded.refs != entries or len(summaries) > 1 or (
+                loaded.root is not None and loaded.root.stale) or any(
                 e.mtime >= loaded.taken - racy for e in entries.values()):
             try:  # (best effort: a full disk must not fail the gc that frees it)
-                yield from ref_summary.store(t0, entries, summaries, report.requests)
+                yield from ref_summary.store(t0, entries, summaries, report.requests, loaded)
             except StorageError as exc:
                 log.warning("gc: could not write its summary (%s): the next run reads every "
                             "ref again", exc)
         # (else the summary read stands as it is: nothing changed, no entry waits to settle)
+    if marks is not None and not dry_run:
+        try:  # (used: the next sharded run marks again)
+            yield DeleteMany(marks.keys)
+            report.requests["delete"] += 1
+        except StorageError as exc:
+            log.warning("gc: could not delete the marks it used (%s)", exc)
     report.refreshed_objects = len(candidates) - len(deleted)
     report.deleted_objects = len(deleted)
     report.deleted_bytes = sum(i.size for i in deleted)

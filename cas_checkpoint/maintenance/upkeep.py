@@ -11,17 +11,18 @@ from typing import Any
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.backends.sealed import unwrap
-from cas_checkpoint.engine import retention
+from cas_checkpoint.engine import archive, retention
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import StoreStats
 from cas_checkpoint.engine.object_store import ObjectStore
 from cas_checkpoint.engine.refs import Ref, RefStore
 from cas_checkpoint.engine.steps import List, Step
 from cas_checkpoint.errors import InvalidArgumentError
+from cas_checkpoint.format.heads import PackRef
 from cas_checkpoint.format.objects import LogEntry
 from cas_checkpoint.maintenance import expire as expiry
 from cas_checkpoint.maintenance import gc as gcmod
-from cas_checkpoint.maintenance import ref_summary, stats_summary
+from cas_checkpoint.maintenance import gc_marks, ref_summary, stats_summary
 from cas_checkpoint.maintenance import repack as repackmod
 from cas_checkpoint.maintenance import stats as usage
 from cas_checkpoint.maintenance.repack import RepackReport
@@ -96,19 +97,33 @@ class Maintenance:
 
     def gc(self, *, grace: timedelta = timedelta(hours=1), dry_run: bool = False,
            progress: gcmod.GCProgress | None = None, force: bool = False,
-           repack: bool = False, min_garbage: float = 0.25) -> Step[gcmod.GCReport]:
+           repack: bool = False, min_garbage: float = 0.25, from_marks: bool = False
+           ) -> Step[gcmod.GCReport]:
         gcmod.check_grace(self.backend, grace, force)  # every argument, before any change
-        if not isinstance(repack, bool) or not isinstance(dry_run, bool):
-            raise InvalidArgumentError(f"repack and dry_run must be True or False, not "
-                                       f"{repack!r} and {dry_run!r}")
+        if not all(isinstance(a, bool) for a in (repack, dry_run, from_marks)):
+            raise InvalidArgumentError(f"repack, dry_run and from_marks must be True or False, "
+                                       f"not {repack!r}, {dry_run!r} and {from_marks!r}")
+        if from_marks and repack:
+            raise InvalidArgumentError(
+                "from_marks=True takes the refs from the workers' marks, and repack=True would "
+                "read every thread in this process: pass repack=False (the command line's "
+                "--from-marks does), and repack on its own schedule")
         repackmod.check(min_garbage)
+        marks = (yield from gc_marks.load(self.backend, {"list": 0, "get": 0})
+                 ) if from_marks else None
         repacked = (yield from self.repack(min_garbage=min_garbage, dry_run=dry_run)
                     ) if repack else None
         report = yield from gcmod.collect(self.backend, grace=grace, dry_run=dry_run,
-                                          progress=progress, force=force, repacked=repacked)
+                                          progress=progress, force=force, repacked=repacked,
+                                          marks=marks)
         report.repack = repacked
         if not dry_run:
             self.objects.forget(report.deleted)
+        log.info("%s", report.to_text())
+        return report
+
+    def gc_mark(self, *, shard: int, of: int) -> Step[gc_marks.MarkReport]:
+        report = yield from gc_marks.mark(self.backend, shard, of)
         log.info("%s", report.to_text())
         return report
 
@@ -147,7 +162,12 @@ class Maintenance:
         def head_state(thread: str, ref: Ref) -> Step[Any]:
             return (yield from self.core.load_ref(thread, ref, None)).state
 
-        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state)
+        named: dict[str, tuple[PackRef, ...]] = {}
+        if by_thread:  # a long thread names packs through its archive too (archive.py)
+            for thread, ref in threads:
+                if ref is not None:
+                    named[thread] = yield from archive.named(self.objects, ref.head)
+        per = (yield from usage.by_thread(threads, logs, objects, refs, head_state, named)
                ) if by_thread else {}
         return StoreStats(len(threads), len(sizes), logical, physical, len(objects),
                           logical / physical if physical else 0.0, self.objects.hits,
