@@ -55,7 +55,7 @@ from cas_checkpoint.format.objects import ObjectId
 
 GRACE = 10.0  # seconds after a commit by which the packs it stopped naming are deleted
 COMMITS = 16  # ... or sooner: once this writer committed this many later heads of the thread
-MIN_GRACE = 0.05  # (and at least this many seconds passed)
+MIN_GRACE = 0.01  # (and at least this many seconds passed)
 MAX_PENDING = 100_000  # packs a writer remembers to delete (more are left to gc)
 
 

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import (
 from cas_checkpoint.engine.commit import Part
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.engine.refs import Ref
 from cas_checkpoint.engine.steps import Step
 from cas_checkpoint.errors import ConflictError, InvalidArgumentError, NotFoundError
 from cas_checkpoint.format.heads import Head
@@ -285,10 +286,20 @@ class Steps:
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
         name = _key(thread_id, ns)
-        got = yield from self._cursor(name)
-        if got is None:
+        try:
+            ref = yield from self._core.ref(name)
+        except NotFoundError:
             return None
-        head, cursor = got
+
+        def read(ref: Ref) -> Step[CheckpointTuple | None]:  # (again on a newer ref when a
+            return (yield from self._tuple_at(thread_id, ns, cid, ref.head))  # pack went)
+
+        return (yield from self._core.at_ref(name, read, ref))
+
+    def _tuple_at(self, thread_id: str, ns: str, cid: str | None, head: Head
+                  ) -> Step[CheckpointTuple | None]:
+        name = _key(thread_id, ns)
+        cursor = Cursor((yield from self._core.refs.newest_first(head)))
         info = cursor.latest() if cid is None else cursor.find(cid)
         if info is None:
             return None
