@@ -173,3 +173,61 @@ def test_readers_in_processes_across_collections(tmp_path: Any) -> None:
         assert not got["errors"], got["errors"]
         assert got["steps"] and got["steps"] == sorted(got["steps"])
     assert store.load("t").state["step"] == 519
+
+
+def test_a_langgraph_reader_of_an_old_head_gets_a_newer_state(tmp_path: Any) -> None:
+    """The LangGraph saver's get_tuple and list, on a ref read before the writer's merges
+    replaced and deleted its packs: get_tuple answers the old head's latest checkpoint (its
+    entry is in the head; its state, gone with the packs, is loaded through the newer ref) or
+    the newest; list, which reads log segments from the packs, reads the ref again and lists
+    the newest 40. Old code (its writer deleting at once): list raised NotFoundError."""
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    class State(TypedDict):
+        n: int
+
+    def bump(state: State) -> dict[str, int]:
+        return {"n": state["n"] + 1}
+
+    url = str(tmp_path / "s")
+    saver = CasSaver(CheckpointStore.open(url))
+    saver._core.refs.inline_max = 1  # every put flushes a pack: merges all the time
+    saver._core.refs.collect_after = 0.0
+    b = StateGraph(State)
+    b.add_node("bump", bump)
+    b.add_edge(START, "bump")
+    b.add_edge("bump", END)
+    graph = b.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    for i in range(20):
+        graph.invoke({"n": i}, config)
+    key = saver._core.refs.stored_key('lg:["t",""]')
+    old = saver._core.backend.read_ref(key)
+    assert old is not None
+    for i in range(20, 40):
+        graph.invoke({"n": i}, config)
+    for read in ("get_tuple", "list"):
+        reader = CasSaver(CheckpointStore.open(url))
+        _stale_once_backend(reader._core.backend, old)
+        if read == "get_tuple":
+            got = reader.get_tuple(config)
+            assert got is not None and got.checkpoint["channel_values"]["n"] in (20, 40)
+        else:
+            listed = list(reader.list(config, limit=40))
+            assert len(listed) == 40
+            assert listed[0].checkpoint["channel_values"]["n"] == 40
+
+
+def _stale_once_backend(backend: Any, got: tuple[bytes, str]) -> None:
+    real = backend.read_ref
+    calls = [0]
+
+    def read_ref(key: str) -> tuple[bytes, str] | None:
+        calls[0] += 1
+        return got if calls[0] == 1 else real(key)
+
+    backend.read_ref = read_ref
