@@ -53,6 +53,13 @@ def test_a_fast_writer_keeps_its_merge_garbage_small(store: CheckpointStore, sav
     assert _pack_bytes(store) <= 1.5 * _named_bytes(store, "t")
 
 
+def _options(request: pytest.FixtureRequest, kind: str) -> dict[str, Any]:
+    """What opens another store object on the storage of ``kind`` (S3: the moto server's)."""
+    if kind != "s3":
+        return {}
+    return {"storage_options": request.getfixturevalue("moto_server")["storage_options"]}
+
+
 def _stale_once(reader: CheckpointStore, got: tuple[bytes, str]) -> None:
     """The reader's next read of the ref returns ``got`` (an old read), then the real one."""
     real = reader.backend.read_ref
@@ -91,12 +98,18 @@ def test_a_reader_of_an_old_head_gets_its_data_or_a_newer_state(tmp_path: Any) -
             assert len(got) == 40
 
 
+@pytest.mark.s3_matters("a reader's two rounds against the writer's 16 commits, each a round "
+                        "trip to S3")
 @pytest.mark.parametrize("readers", [3])
-def test_readers_in_threads_across_collections(store: CheckpointStore, readers: int) -> None:
+def test_readers_in_threads_across_collections(store: CheckpointStore, readers: int,
+                                               backend_kind: str,
+                                               request: pytest.FixtureRequest) -> None:
     """A writer saves fast (a pack a save, merges deleting what they replaced after 16
     commits) while readers in threads, each on a store object of its own, load the head and
     list its newest checkpoints over and over: every read answers, and the steps they see
     never go back."""
+    saves = 150 if backend_kind == "s3" else 400
+    kw = _options(request, backend_kind)
     store.refs.inline_max = 1
     _save(store, "t", 20)
     stop = threading.Event()
@@ -106,7 +119,7 @@ def test_readers_in_threads_across_collections(store: CheckpointStore, readers: 
     def read(i: int) -> None:
         try:
             while not stop.is_set():
-                reader = CheckpointStore.open(store.url)
+                reader = CheckpointStore.open(store.url, **kw)
                 seen[i].append(reader.load("t").state["step"])
                 assert len(reader.history("t", limit=5)) == 5
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -116,7 +129,7 @@ def test_readers_in_threads_across_collections(store: CheckpointStore, readers: 
     for t in pool:
         t.start()
     try:
-        _save(store, "t", 400, 20)
+        _save(store, "t", saves, 20)
     finally:
         stop.set()
         for t in pool:
@@ -124,7 +137,7 @@ def test_readers_in_threads_across_collections(store: CheckpointStore, readers: 
     assert not errors, errors[:3]
     for steps in seen:
         assert steps and steps == sorted(steps)
-    assert store.load("t").state["step"] == 419
+    assert store.load("t").state["step"] == saves + 19
 
 
 _READER = r"""
