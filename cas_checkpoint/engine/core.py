@@ -208,6 +208,8 @@ class Core:
                     raise
                 if latest is None:  # deleted meanwhile: says that the thread does not exist
                     yield from self.ref(thread_id)
+                log.debug("thread %r moved while a read fetched what its ref named (attempt "
+                          "%d); reading it again", thread_id, attempt + 1)
                 if attempt + 1 == LOAD_RETRIES:
                     raise StorageError(
                         f"thread {thread_id!r} moved {LOAD_RETRIES} times while a read of it "
