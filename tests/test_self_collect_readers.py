@@ -252,3 +252,38 @@ def _stale_once_backend(backend: Any, got: tuple[bytes, str]) -> None:
         return got if calls[0] == 1 else real(key)
 
     backend.read_ref = read_ref
+
+
+def test_the_rule_counts_the_threads_commits_and_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pure: what a commit of thread t dropped goes at t's 16th later commit by this writer (not
+    at its 15th, nor at other threads' commits), or at any commit ``grace`` seconds later; a
+    pack the newest head names again stays; ``commits=None`` waits for the time alone."""
+    from cas_checkpoint.engine import collect
+    from cas_checkpoint.format.heads import Head, PackRef
+    from cas_checkpoint.format.objects import ObjectId
+
+    now = [100.0]
+    monkeypatch.setattr("cas_checkpoint.engine.collect.time.monotonic", lambda: now[0])
+
+    def head(thread: str, *packs: str) -> Head:
+        return Head(thread, None, packs=tuple(PackRef(ObjectId(p), 0, 1, 1) for p in packs))
+
+    c = collect.Collector(min_grace=0.0)
+    c.committed(head("t", "a", "b"), head("t", "ab"), 10.0)  # drops a, b
+    c.committed(head("u", "x"), head("u", "y"), 10.0)  # drops x (another thread)
+    for i in range(15):
+        c.committed(head("t", "ab"), head("t", "ab", f"n{i}"), 10.0)
+        assert c.ripe(10.0, "t") == []
+    for i in range(20):
+        c.committed(head("v", f"v{i}"), head("v", f"v{i}", "w"), 10.0)
+        assert c.ripe(10.0, "v") == []  # (u's drop is counted in u's commits only)
+    c.committed(head("t", "ab"), head("t", "ab", "n15"), 10.0)
+    assert c.ripe(10.0, "t") == ["a", "b"]
+    assert c.ripe(10.0, "t", None) == []
+    now[0] += 10.0
+    assert c.ripe(10.0, "v") == ["x"]  # (the time fallback, at any commit)
+    c.committed(head("t", "p"), head("t", "q"), 10.0)
+    c.committed(head("t", "q"), head("t", "p"), 10.0)  # p named again by the newest head
+    for i in range(16):
+        c.committed(head("t", "p"), head("t", "p", f"m{i}"), 10.0)
+    assert c.ripe(10.0, "t") == ["q"]

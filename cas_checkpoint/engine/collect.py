@@ -146,6 +146,7 @@ class Collector:
                 self.count -= len(entry.packs)
                 keep = self.newest.get(entry.thread, frozenset())
                 out.extend(p for p in entry.packs if p not in keep)
+                entry.packs = []  # (a done entry waits in ``pending`` until it is the oldest)
             for name in {e.thread for e in taken}:
                 queue = self.per_thread.get(name)
                 while queue and queue[0].done:
