@@ -254,7 +254,7 @@ def _stale_once_backend(backend: Any, got: tuple[bytes, str]) -> None:
     backend.read_ref = read_ref
 
 
-def test_the_rule_counts_the_threads_commits_and_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rule_counts_the_threads_commits_and_time() -> None:
     """Pure: what a commit of thread t dropped goes at t's 16th later commit by this writer (not
     at its 15th, nor at other threads' commits), or at any commit ``grace`` seconds later; a
     pack the newest head names again stays; ``commits=None`` waits for the time alone."""
@@ -263,12 +263,11 @@ def test_the_rule_counts_the_threads_commits_and_time(monkeypatch: pytest.Monkey
     from cas_checkpoint.format.objects import ObjectId
 
     now = [100.0]
-    monkeypatch.setattr("cas_checkpoint.engine.collect.time.monotonic", lambda: now[0])
 
     def head(thread: str, *packs: str) -> Head:
         return Head(thread, None, packs=tuple(PackRef(ObjectId(p), 0, 1, 1) for p in packs))
 
-    c = collect.Collector(min_grace=0.0)
+    c = collect.Collector(min_grace=0.0, clock=lambda: now[0])
     c.committed(head("t", "a", "b"), head("t", "ab"), 10.0)  # drops a, b
     c.committed(head("u", "x"), head("u", "y"), 10.0)  # drops x (another thread)
     for i in range(15):

@@ -47,6 +47,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cas_checkpoint.engine.archive import ARCHIVE_LEVEL
@@ -85,8 +86,9 @@ class _Dropped:
 class Collector:
     """A store object's list of packs its commits stopped naming, and when."""
 
-    def __init__(self, min_grace: float = MIN_GRACE) -> None:
-        self.min_grace = min_grace
+    def __init__(self, min_grace: float = MIN_GRACE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.min_grace, self.clock = min_grace, clock
         self.pending: deque[_Dropped] = deque()  # every thread's, oldest first
         self.per_thread: dict[str, deque[_Dropped]] = {}
         self.seq: dict[str, int] = {}  # thread -> this writer's commits of it (while pending)
@@ -107,7 +109,7 @@ class Collector:
             self.newest[thread] = named(new) | new.held
             seq = self.seq[thread] = self.seq.get(thread, 0) + 1
             if gone and self.count + len(gone) <= MAX_PENDING:
-                entry = _Dropped(time.monotonic(), thread, seq, gone)
+                entry = _Dropped(self.clock(), thread, seq, gone)
                 self.pending.append(entry)
                 self.per_thread.setdefault(thread, deque()).append(entry)
                 self.count += len(gone)
@@ -124,7 +126,7 @@ class Collector:
         if grace is None or not self.pending:
             return []
         out: list[ObjectId] = []
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             taken: list[_Dropped] = []
             while self.pending and (self.pending[0].done or now - self.pending[0].at >= grace):
