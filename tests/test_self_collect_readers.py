@@ -81,11 +81,12 @@ def _stale_once(reader: CheckpointStore, got: tuple[bytes, str]) -> None:
 
 def test_a_reader_of_an_old_head_gets_its_data_or_a_newer_state(tmp_path: Any) -> None:
     """A reader reads the ref, then (slow) fetches its packs after the writer made more than
-    ``COMMITS`` commits and deleted them: load and history read the ref again and answer from
-    the newer head. (Local disk: store objects of one memory:// store share the packs they
-    read, so there a reader may still get the old head's data, which is right too.) Old code,
-    its writer set to delete at once (what 16 commits are to a reader that slow): history
-    raised NotFoundError (a pack of the thread is missing)."""
+    ``COMMITS`` commits and deleted them: load, history, find and read_part read the ref again
+    and answer from the newer head. (Local disk: store objects of one memory:// store share
+    the packs they read, so there a reader may still get the old head's data, which is right
+    too.) Old code,
+    its writer set to delete at once (what 16 commits are to a reader that slow): history,
+    find and read_part raised NotFoundError (a pack of the thread is missing)."""
     store = CheckpointStore.open(str(tmp_path / "s"))
     store.refs.inline_max = 1
     store.refs.collect_after = 0.0
@@ -94,11 +95,15 @@ def test_a_reader_of_an_old_head_gets_its_data_or_a_newer_state(tmp_path: Any) -
     old = store.backend.read_ref(key)
     assert old is not None
     _save(store, "t", 60, 60)  # merges replace, and then delete, what ``old`` named
-    for read in ("load", "history"):
+    for read in ("load", "history", "find", "read_part"):
         reader = CheckpointStore.open(store.url)
         _stale_once(reader, old)
         if read == "load":
             assert reader.load("t").state["step"] == 119
+        elif read == "find":
+            assert len(reader.find("t")) == 120
+        elif read == "read_part":
+            assert reader.read_part("t", path=["step"]).value == 119
         else:
             got = reader.history("t", limit=40)  # (past the head's own entries: its packs)
             assert [reader.load("t", c.id).state["step"] for c in got[:3]] == [119, 118, 117]

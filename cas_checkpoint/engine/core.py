@@ -395,19 +395,23 @@ class Core:
              metadata: Mapping[str, Any] | None = None, status: str | Iterable[str] | None = None,
              kind: str | Iterable[str] | None = None) -> Step[list[CheckpointInfo]]:
         wanted = model.entry_filter(kind, status)
-        out = []
-        head = (yield from self.ref(thread_id)).head
-        for entry in (yield from self.refs.newest_first(head)):
-            if label is not None and entry.label != label:
-                continue
-            if tag is not None and tag not in entry.tags:
-                continue
-            if metadata and any(entry.metadata.get(k, UNSET) != v for k, v in metadata.items()):
-                continue
-            if not wanted(entry):
-                continue
-            out.append(info_of(entry, thread_id))
-        return out
+
+        def read(ref: Ref) -> Step[list[CheckpointInfo]]:
+            out = []
+            for entry in (yield from self.refs.newest_first(ref.head)):
+                if label is not None and entry.label != label:
+                    continue
+                if tag is not None and tag not in entry.tags:
+                    continue
+                if metadata and any(entry.metadata.get(k, UNSET) != v
+                                    for k, v in metadata.items()):
+                    continue
+                if not wanted(entry):
+                    continue
+                out.append(info_of(entry, thread_id))
+            return out
+
+        return (yield from self.at_ref(thread_id, read))
 
     def threads(self) -> Step[list[str]]:
         return (yield from self.refs.threads())
