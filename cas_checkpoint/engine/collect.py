@@ -12,7 +12,8 @@ committed ``COMMITS`` later heads of the thread and ``MIN_GRACE`` seconds have p
 Who may still need such a pack, and why deleting it then is safe:
 
 * **a reader of the old head** read H before the commit (after it, the ref says H'). It gets
-  its data, or re-reads the ref and gets a newer state: every read of a thread runs in
+  its data, or re-reads the ref and gets a newer state: a thread's reads (load, history,
+  find, read_part, load_many, the LangGraph saver's get_tuple and list) run in
   ``Core.at_ref``, which, when something its ref named is gone and the ref moved, reads the
   ref again and retries (as after a repack and a gc); only a ref that still names what is
   missing is damage. The grace bounds how often a reader retries, not whether it is right:
