@@ -138,7 +138,8 @@ def test_a_cold_load_and_history_read_the_heads_packs_only(
     # an old checkpoint is in the archive: its load reads it
     assert cold.load("t", ids[3]).state["step"] == 3
     assert [c.id for c in cold.history("t")] == ids[::-1]
-    assert store.gc(grace=timedelta(0), force=True).deleted_objects > 0  # (merged away)
+    store.gc(grace=timedelta(0), force=True)  # (what merges replaced: the writer deleted it
+    # all but its last commits' share, which gc may find; it must not take what the head needs)
     fresh = type(store).open(store.url, **({} if backend_kind != "s3" else {
         "storage_options": request.getfixturevalue("moto_server")["storage_options"]}))
     assert [fresh.load("t", c).state["step"] for c in ids[::97]] == list(range(saves))[::97]

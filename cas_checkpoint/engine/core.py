@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import commit as group
@@ -43,7 +43,9 @@ log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
 CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (pack_cache.py)
-LOAD_RETRIES = 3  # a load whose packs a merge and a gc removed meanwhile re-reads the ref
+LOAD_RETRIES = 8  # a read whose packs a merge replaced and a writer deleted meanwhile
+# re-reads the ref (``Core.at_ref``): it finds a newer state each time
+_T = TypeVar("_T")
 
 
 class Core:
@@ -172,34 +174,50 @@ class Core:
              ) -> Step[Checkpoint]:
         t0 = time.perf_counter()
         cid = None if checkpoint_id is None else check_id(checkpoint_id)
-        for attempt in range(LOAD_RETRIES):
-            ref = yield from self.ref(thread_id)
+
+        def read(ref: Ref) -> Step[Checkpoint]:
             warm = None if cid is not None else self._warm.warm(thread_id, ref.head)
             if warm is not None:  # the head this store object saved or loaded: from memory
                 assert ref.head.head is not None
-                cp = model.checkpoint_of(ref.head.head, thread_id, warm[0],
-                                         codec.decode(warm[1], types=self.types))
-                break
+                return model.checkpoint_of(ref.head.head, thread_id, warm[0],
+                                           codec.decode(warm[1], types=self.types))
+            got: Checkpoint = yield from self.load_ref(thread_id, ref, cid)
+            return got
+
+        cp = yield from self.at_ref(thread_id, read)
+        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
+                  (time.perf_counter() - t0) * 1000)
+        return cp
+
+    def at_ref(self, thread_id: str, read: Callable[[Ref], Step[_T]],
+               first: Ref | None = None) -> Step[_T]:
+        """``read(ref)`` of the thread's ref (``first``, when the caller has it), read again
+        and retried when something it names is gone and the ref moved meanwhile: a pack a
+        writer's merge replaced and then deleted (``collect.py``), or a repack and a gc. A
+        reader of an old head thus gets its data, or a newer state. Only a ref that still
+        names what is missing says the thread is damaged (NotFoundError)."""
+        ref = first
+        for attempt in range(LOAD_RETRIES):
+            if ref is None:
+                ref = yield from self.ref(thread_id)
             try:
-                cp = yield from self.load_ref(thread_id, ref, cid)
-                break
+                return (yield from read(ref))
             except NotFoundError:
-                # A pack merged away and collected since we read the ref? Read it again. Only
-                # a ref that still names what is missing says the thread is damaged.
                 latest = yield from self.refs.read(thread_id)
                 if latest is not None and latest.version == ref.version:
                     raise
                 if latest is None:  # deleted meanwhile: says that the thread does not exist
                     yield from self.ref(thread_id)
+                log.debug("thread %r moved while a read fetched what its ref named (attempt "
+                          "%d); reading it again", thread_id, attempt + 1)
                 if attempt + 1 == LOAD_RETRIES:
                     raise StorageError(
-                        f"thread {thread_id!r} moved {LOAD_RETRIES} times while this load read "
-                        "its packs (a repack and a gc removed what each ref read named; "
-                        "nothing is damaged); load it again, or when maintenance is done"
+                        f"thread {thread_id!r} moved {LOAD_RETRIES} times while a read of it "
+                        "fetched what each ref read named (its writer's merges, or a repack and "
+                        "a gc, replaced it; nothing is damaged); read it again"
                     ) from None
-        log.debug("load thread=%r id=%s bytes=%d in %.1f ms", thread_id, cp.id, cp.size,
-                  (time.perf_counter() - t0) * 1000)
-        return cp
+                ref = None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def load_ref(self, thread_id: str, ref: Ref, checkpoint_id: CheckpointId | None
                   ) -> Step[Checkpoint]:
@@ -243,8 +261,11 @@ class Core:
         wanted = list(dict.fromkeys(cids))
         if not wanted:
             return {}
-        ref = yield from self.ref(thread_id)
-        view: View = yield from self.objects.view(ref.head)
+        def read(ref: Ref) -> Step[View]:
+            got: View = yield from self.objects.view(ref.head)
+            return got
+
+        view = yield from self.at_ref(thread_id, read)
         out: dict[CheckpointId, Checkpoint] = {}
         for cid in wanted:
             try:
@@ -335,53 +356,62 @@ class Core:
             before = check_id(before, "before")
         wanted = model.entry_filter(kind, status)
         known = self._known.get(thread_id) if cached else None  # (a log only ever grows at
-        head = known.head if known else (yield from self.ref(thread_id)).head  # its end)
-        out: list[CheckpointInfo] = []
-        skipping = before is not None
+        # its end)
 
-        def take(entries: Iterator[LogEntry]) -> bool:  # True: enough
-            nonlocal skipping
-            for entry in entries:
-                if limit is not None and len(out) >= limit:
-                    return True
-                if skipping:
-                    skipping = entry.id != before
-                    continue
-                if wanted(entry):
-                    out.append(info_of(entry, thread_id))
-            return limit is not None and len(out) >= limit
+        def read(ref: Ref) -> Step[list[CheckpointInfo]]:
+            head = ref.head
+            out: list[CheckpointInfo] = []
+            skipping = before is not None
 
-        if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
-            view = yield from self.refs.view(head, recent=True)  # (the newest entries)
-            done, skipped = len(out), skipping
-            try:
-                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
-            except InArchive:  # older entries, in a long thread's archive: read it too
-                del out[done:]
-                skipping = skipped
-                view = yield from self.refs.view(head)
-                take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
-        if skipping:
-            raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
-        return out
+            def take(entries: Iterator[LogEntry]) -> bool:  # True: enough
+                nonlocal skipping
+                for entry in entries:
+                    if limit is not None and len(out) >= limit:
+                        return True
+                    if skipping:
+                        skipping = entry.id != before
+                        continue
+                    if wanted(entry):
+                        out.append(info_of(entry, thread_id))
+                return limit is not None and len(out) >= limit
+
+            if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
+                view = yield from self.refs.view(head, recent=True)  # (the newest entries)
+                done, skipped = len(out), skipping
+                try:
+                    take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+                except InArchive:  # older entries, in a long thread's archive: read it too
+                    del out[done:]
+                    skipping = skipped
+                    view = yield from self.refs.view(head)
+                    take(islice(self.refs.iter_newest_first(head, view), len(head.tail), None))
+            if skipping:
+                raise NotFoundError(f"checkpoint {before} is not in thread {thread_id!r}")
+            return out
+
+        return (yield from self.at_ref(thread_id, read, known))
 
     def find(self, thread_id: str, *, label: str | None = None, tag: str | None = None,
              metadata: Mapping[str, Any] | None = None, status: str | Iterable[str] | None = None,
              kind: str | Iterable[str] | None = None) -> Step[list[CheckpointInfo]]:
         wanted = model.entry_filter(kind, status)
-        out = []
-        head = (yield from self.ref(thread_id)).head
-        for entry in (yield from self.refs.newest_first(head)):
-            if label is not None and entry.label != label:
-                continue
-            if tag is not None and tag not in entry.tags:
-                continue
-            if metadata and any(entry.metadata.get(k, UNSET) != v for k, v in metadata.items()):
-                continue
-            if not wanted(entry):
-                continue
-            out.append(info_of(entry, thread_id))
-        return out
+
+        def read(ref: Ref) -> Step[list[CheckpointInfo]]:
+            out = []
+            for entry in (yield from self.refs.newest_first(ref.head)):
+                if label is not None and entry.label != label:
+                    continue
+                if tag is not None and tag not in entry.tags:
+                    continue
+                if metadata and any(entry.metadata.get(k, UNSET) != v
+                                    for k, v in metadata.items()):
+                    continue
+                if not wanted(entry):
+                    continue
+                out.append(info_of(entry, thread_id))
+            return out
+
+        return (yield from self.at_ref(thread_id, read))
 
     def threads(self) -> Step[list[str]]:
         return (yield from self.refs.threads())

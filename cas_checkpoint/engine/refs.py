@@ -208,6 +208,8 @@ class RefStore:
         # seconds after which a writer deletes the packs its commits stopped naming (None:
         # never, gc does); collect.py
         self.collect_after: float | None = collect.GRACE
+        # ... or sooner: after this many later commits of the thread (None: by time only)
+        self.collect_commits: int | None = collect.COMMITS
         self.collector = collect.Collector()
         self._decoded: dict[str, tuple[bytes, Head]] = {}  # per ref key: last bytes and head
 
@@ -491,7 +493,8 @@ class RefStore:
                     self.objects.shared.keep_head(key, data, new_head)
                 self.collector.committed(ref.head if ref else None, new_head,
                                          self.collect_after)
-                ripe = self.collector.ripe(self.collect_after)
+                ripe = self.collector.ripe(self.collect_after, thread_id,
+                                             self.collect_commits)
                 if ripe:  # packs commits stopped naming a grace period ago: collect.py
                     yield from self._delete_packs(ripe)
                 return Ref(new_head, version)

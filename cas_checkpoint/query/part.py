@@ -14,6 +14,7 @@ from typing import Any
 
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo, check_id
+from cas_checkpoint.engine.refs import Ref
 from cas_checkpoint.engine.steps import Step
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, NotFoundError
 from cas_checkpoint.format.objects import CheckpointId, ObjectId, Record
@@ -215,19 +216,22 @@ def read_part(core: Core, thread_id: str, checkpoint_id: CheckpointId | None,
         raise InvalidArgumentError(f"start must be an int >= 0, not {start!r}")
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
         raise InvalidArgumentError(f"count must be an int from 0 to {MAX_COUNT}, not {count!r}")
-    cid = None if checkpoint_id is None else check_id(checkpoint_id)
-    ref = yield from core.ref(thread_id)
-    head = ref.head
-    cid = cid or head.head
-    assert cid is not None
-    view = yield from core.objects.view(head)
-    entry = core._entry(thread_id, head, view, cid)  # noqa: SLF001 - (it is in this thread)
-    record = Record.decode(view.get(entry.id))
-    tally = Tally(budget_for([record.size]))
-    walk = _Walk(Reader(node_getter(view, record), core.types, tally))
-    value, length, first = walk_to(walk, record.root, path, start, count)
-    info = info_of_record(entry.id, record)
-    info = CheckpointInfo(info.id, thread_id, info.step, info.parent_ids, info.created_at,
-                          info.size, info.label, info.tags, info.metadata, record.status,
-                          record.kind, record.reason)
-    return StatePart(info, tuple(path), value, length, first, len(tally.seen), tally.bytes)
+    wanted = None if checkpoint_id is None else check_id(checkpoint_id)
+
+    def read(ref: Ref) -> Step[StatePart]:
+        head = ref.head
+        cid = wanted or head.head
+        assert cid is not None
+        view = yield from core.objects.view(head)
+        entry = core._entry(thread_id, head, view, cid)  # noqa: SLF001 - (in this thread)
+        record = Record.decode(view.get(entry.id))
+        tally = Tally(budget_for([record.size]))
+        walk = _Walk(Reader(node_getter(view, record), core.types, tally))
+        value, length, first = walk_to(walk, record.root, path, start, count)
+        info = info_of_record(entry.id, record)
+        info = CheckpointInfo(info.id, thread_id, info.step, info.parent_ids, info.created_at,
+                              info.size, info.label, info.tags, info.metadata, record.status,
+                              record.kind, record.reason)
+        return StatePart(info, tuple(path), value, length, first, len(tally.seen), tally.bytes)
+
+    return (yield from core.at_ref(thread_id, read))  # (again when a pack went meanwhile)

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import (
 from cas_checkpoint.engine.commit import Part
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
+from cas_checkpoint.engine.refs import Ref
 from cas_checkpoint.engine.steps import Step
 from cas_checkpoint.errors import ConflictError, InvalidArgumentError, NotFoundError
 from cas_checkpoint.format.heads import Head
@@ -285,10 +286,20 @@ class Steps:
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
         name = _key(thread_id, ns)
-        got = yield from self._cursor(name)
-        if got is None:
+        try:
+            ref = yield from self._core.ref(name)
+        except NotFoundError:
             return None
-        head, cursor = got
+
+        def read(ref: Ref) -> Step[CheckpointTuple | None]:  # (again on a newer ref when a
+            return (yield from self._tuple_at(thread_id, ns, cid, ref.head))  # pack went)
+
+        return (yield from self._core.at_ref(name, read, ref))
+
+    def _tuple_at(self, thread_id: str, ns: str, cid: str | None, head: Head
+                  ) -> Step[CheckpointTuple | None]:
+        name = _key(thread_id, ns)
+        cursor = Cursor((yield from self._core.refs.newest_first(head)))
         info = cursor.latest() if cid is None else cursor.find(cid)
         if info is None:
             return None
@@ -323,25 +334,40 @@ class Steps:
         for _name, thread_id, ns in sorted(names, key=lambda n: (n[1], n[2])):
             if want_ns is not None and ns != want_ns:
                 continue
-            got = yield from self._cursor(_key(thread_id, ns))
-            if got is None:
+            name = _key(thread_id, ns)
+            try:
+                ref = yield from self._core.ref(name)
+            except NotFoundError:
                 continue
-            head, cursor = got
             left = None if limit is None else limit - len(out)
-            if want_id:
-                found = cursor.find(want_id)
-                chosen = [found] if found is not None and accept(found, want_id) else []
-            else:
-                chosen = cursor.top(left, accept)
-            if not chosen:
-                continue
-            lgs = {str(i.metadata["lg"]) for i in chosen}
-            cursor.reach(chosen)
-            writes = yield from self._writes(thread_id, ns, lgs, cursor.writes(lgs), head)
-            loaded = yield from self._load(_key(thread_id, ns), head, [i.id for i in chosen])
-            out += [self._tuple(thread_id, ns, info, loaded[info.id],
-                                writes.get(str(info.metadata["lg"]), []), cursor)
-                    for info in chosen]
-            if limit is not None and len(out) >= limit:
+
+            def read(ref: Ref, thread_id: str = thread_id, ns: str = ns,
+                     left: int | None = left) -> Step[list[CheckpointTuple]]:
+                return (yield from self._tuples_at(thread_id, ns, ref.head, left, want_id,
+                                                   accept))
+
+            out += yield from self._core.at_ref(name, read, ref)  # (again on a newer ref
+            if limit is not None and len(out) >= limit:  # when a pack went meanwhile)
                 break
         return out
+
+    def _tuples_at(self, thread_id: str, ns: str, head: Head, left: int | None,
+                   want_id: str | None, accept: Callable[[LogEntry, str], bool]
+                   ) -> Step[list[CheckpointTuple]]:
+        """``_list``'s answer from one namespace's head: its ``left`` greatest ids (or
+        ``want_id``) that ``accept`` takes."""
+        cursor = Cursor((yield from self._core.refs.newest_first(head)))
+        if want_id:
+            found = cursor.find(want_id)
+            chosen = [found] if found is not None and accept(found, want_id) else []
+        else:
+            chosen = cursor.top(left, accept)
+        if not chosen:
+            return []
+        lgs = {str(i.metadata["lg"]) for i in chosen}
+        cursor.reach(chosen)
+        writes = yield from self._writes(thread_id, ns, lgs, cursor.writes(lgs), head)
+        loaded = yield from self._load(_key(thread_id, ns), head, [i.id for i in chosen])
+        return [self._tuple(thread_id, ns, info, loaded[info.id],
+                            writes.get(str(info.metadata["lg"]), []), cursor)
+                for info in chosen]
