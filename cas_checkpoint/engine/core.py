@@ -12,7 +12,7 @@ from typing import Any
 
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import commit as group
-from cas_checkpoint.engine import model, retention, settings
+from cas_checkpoint.engine import model, retention, seek, settings
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.caches import Known, Remembered, Threads
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
@@ -163,6 +163,14 @@ class Core:
 
     def _entry(self, thread_id: str, head: Head, view: View | None,
                cid: CheckpointId) -> LogEntry:
+        """The log entry of ``cid``: found by its record's step in O(log n) segments
+        (``seek.py``), else by walking the log from its newest entry (which says what is
+        wrong with a log the search cannot read)."""
+        step = None if view is None else seek.step_of(view, cid)
+        if step is not None:
+            found = seek.find(head, view, cid, step)
+            if found is not None:
+                return found
         for entry in self.refs.iter_newest_first(head, view):
             if entry.id == cid:
                 return entry
