@@ -1,5 +1,6 @@
-"""Issue 29: loading an old checkpoint of a long thread by id reads O(log n) of its log, not the
-log from its newest entry back (``engine/seek.py``); the answer is exact whatever the log."""
+"""Issue 29: loading an old checkpoint of a long thread by id, and a page of its history before
+one, read O(log n) of its log, not the log from its newest entry back (``engine/seek.py``);
+the answer is exact whatever the log."""
 
 from __future__ import annotations
 
@@ -59,6 +60,43 @@ def test_load_by_id_reads_log_n_entries(counted: type[Reads]) -> None:
         got[saves] = Reads.take()
         assert cp.id == ids[3] and cp.state == {"i": 3}
     assert got[2000] <= 2 * got[200] and got[2000] <= 16 * 8, got
+
+
+def test_history_before_reads_its_page(counted: type[Reads]) -> None:
+    """A page of history before an early checkpoint costs its own entries and a search, not the
+    walk from the newest entry down to it (the walk decoded ~1,990 entries at 2,000)."""
+    got = {}
+    for saves in (200, 2000):
+        store, ids = _thread(saves)
+        store2 = CheckpointStore.open(store.url)
+        Reads.take()
+        page = store2.history("t", before=ids[40], limit=10)
+        got[saves] = Reads.take()
+        assert [i.id for i in page] == ids[30:40][::-1]
+    assert got[2000] <= 2 * got[200] and got[2000] <= 16 * 10, got
+
+
+def test_history_pages_are_exact() -> None:
+    """Paging through a whole edited history with ``before`` gives the history, page by page;
+    filters and an id that is not in the log behave as without the search."""
+    store, ids = _thread(400)
+    store.delete("t", *random.Random(5).sample(ids[:390], 50))
+    whole = [i.id for i in store.history("t")]
+    fresh = CheckpointStore.open(store.url)
+    pages: list[CheckpointId] = []
+    before = None
+    while True:
+        page = fresh.history("t", before=before, limit=23)
+        if not page:
+            break
+        pages += [i.id for i in page]
+        before = page[-1].id
+    assert pages == whole
+    for cid in whole[::37]:
+        assert [i.id for i in fresh.history("t", before=cid)] == whole[whole.index(cid) + 1:]
+    gone = next(c for c in ids if c not in whole)
+    with pytest.raises(KeyError, match="is not in thread"):
+        fresh.history("t", before=gone)
 
 
 def test_load_by_id_is_exact_on_edited_logs() -> None:

@@ -359,6 +359,24 @@ class Core:
                     out.append(info_of(entry, thread_id))
             return limit is not None and len(out) >= limit
 
+        if before is not None and head.peaks and all(e.id != before for e in head.tail):
+            for recent in (True, False):  # the entries older than ``before``, from its leaf
+                at = yield from self.objects.view(head, recent)  # on (seek.py)
+                try:
+                    step = seek.step_of(at, before)
+                    older = None if step is None else seek.older(head, at, before, step)
+                    if older is None:
+                        break
+                    skipping = False
+                    take(older)
+                    return out
+                except InArchive:  # (in the archive: read it too)
+                    del out[:]
+                    skipping = True
+                except seek.Unseekable:  # a log the search cannot read: walk it
+                    del out[:]
+                    skipping = True
+                    break
         if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
             view = yield from self.refs.view(head, recent=True)  # (the newest entries)
             done, skipped = len(out), skipping

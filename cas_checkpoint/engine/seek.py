@@ -9,12 +9,21 @@ The log's full leaves (``LEAF`` entries each) sit under complete segment trees (
 children a level), so leaf ``j`` is reached in one path down its peak, and a binary search over
 the leaves by step reads about log2(leaves) leaves, each on one path.
 
+The same search gives ``history(before=id)`` the entries older than ``id`` from its leaf on (a
+page of a long history costs its own entries, not the walk down to it from the newest).
+
 Nothing here is trusted: a log whose steps do not increase (written otherwise, or damaged) or
-whose trees are not complete gives ``None``, and the caller walks the log as before (which says
-what is wrong with it). An entry found is one the log holds, so the answer is exact."""
+whose trees are not complete gives ``None`` (or, part way through ``older``, ``Unseekable``), and
+the caller walks the log as before (which says what is wrong with it). An entry found is one the
+log holds, so the answer is exact. ``InArchive`` passes through: the caller reads the whole view
+and asks again."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import chain
+
+from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.object_store import View
 from cas_checkpoint.errors import CasError
 from cas_checkpoint.format.heads import Head
@@ -25,11 +34,18 @@ MAX_PROBES = 128  # leaves a search reads, at most (log2 of any real log's leave
 
 
 def step_of(view: View, cid: CheckpointId) -> int | None:
-    """The step the record of ``cid`` gives (None when the view cannot read it)."""
+    """The step the record of ``cid`` gives (None when the view cannot read it; InArchive
+    when it may be in the archive the view did not read)."""
     try:
         return Record.decode(view.get(cid)).step
+    except InArchive:
+        raise
     except CasError:
         return None
+
+
+class Unseekable(Exception):
+    """Internal: a leaf ``older`` reached cannot be read as a log's (the caller walks)."""
 
 
 def find(head: Head, view: View | None, cid: CheckpointId, step: int) -> LogEntry | None:
@@ -38,6 +54,25 @@ def find(head: Head, view: View | None, cid: CheckpointId, step: int) -> LogEntr
     for entry in head.tail:
         if entry.id == cid:
             return entry
+    got = _locate(head, view, cid, step)
+    return None if got is None else got[2][got[3]]
+
+
+def older(head: Head, view: View, cid: CheckpointId, step: int) -> Iterator[LogEntry] | None:
+    """The entries older than ``cid`` (a full leaf's, whose record says ``step``), newest first,
+    read a leaf at a time; None when ``cid`` is not found by the search. A leaf that cannot be
+    read as a log's raises ``Unseekable`` part way."""
+    got = _locate(head, view, cid, step)
+    if got is None:
+        return None
+    leaves, index, entries, at = got
+    return chain(reversed(entries[:at]), leaves.newest_first(index - 1))
+
+
+def _locate(head: Head, view: View | None, cid: CheckpointId, step: int
+            ) -> tuple[_Leaves, int, tuple[LogEntry, ...], int] | None:
+    """(the leaves, the index of the leaf holding ``cid``, its entries, ``cid``'s place in
+    them), by a binary search on steps; None when not found so."""
     if not head.peaks or view is None:
         return None
     if head.tail and step > head.tail[-1].step:
@@ -56,7 +91,8 @@ def find(head: Head, view: View | None, cid: CheckpointId, step: int) -> LogEntr
         elif step > entries[-1].step:
             lo = mid + 1
         else:
-            return next((e for e in entries if e.id == cid), None)
+            at = next((i for i, e in enumerate(entries) if e.id == cid), None)
+            return None if at is None else (leaves, mid, entries, at)
     return None
 
 
@@ -74,10 +110,22 @@ class _Leaves:
         got = self.read.get(oid)
         if got is None:
             try:
-                got = self.read[oid] = Segment.decode(self.view.get(oid))
+                got = Segment.decode(self.view.get(oid))
+            except InArchive:
+                raise
             except CasError:
                 return None
+            if got.level:  # (a path's upper segments: leaves are read once each)
+                self.read[oid] = got
         return got
+
+    def newest_first(self, index: int) -> Iterator[LogEntry]:
+        """The entries of leaves ``index`` down to 0, newest first."""
+        for i in range(index, -1, -1):
+            entries = self.get(i)
+            if not entries:
+                raise Unseekable(i)
+            yield from reversed(entries)
 
     def get(self, index: int) -> tuple[LogEntry, ...] | None:
         """The entries of leaf ``index``; None when the tree is not what a log's is."""
