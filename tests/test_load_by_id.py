@@ -148,3 +148,13 @@ def test_seek_never_names_another_entry() -> None:
         if steps == sorted(steps):
             assert found == entries
         assert seek.find(head, view, CheckpointId("ab" * 32), 5) is None
+
+
+def test_a_recent_checkpoint_reads_one_leaf(counted: type[Reads]) -> None:
+    """The head's checkpoint, or one just before the tail, is found in the newest leaf: one leaf
+    read, as the walk from the newest entry read, not a binary search's several."""
+    store, ids = _thread(2000 + 16 - 2000 % 16)  # (the tail is empty: the head is in a leaf)
+    fresh = CheckpointStore.open(store.url)
+    Reads.take()
+    assert fresh.load("t", ids[-3]).state == {"i": len(ids) - 3}
+    assert Reads.take() == 16

@@ -79,11 +79,11 @@ def _locate(head: Head, view: View | None, cid: CheckpointId, step: int
         return None
     leaves = _Leaves(head, view)
     lo, hi = 0, leaves.total - 1
-    for _ in range(MAX_PROBES):
+    for probe in range(MAX_PROBES):
         if lo > hi:
             return None
-        mid = (lo + hi) // 2
-        entries = leaves.get(mid)
+        mid = hi if probe == 0 else (lo + hi) // 2  # the newest leaf first: where the head
+        entries = leaves.get(mid)  # and recent checkpoints are, when the tail is short
         if not entries:
             return None
         if step < entries[0].step:
