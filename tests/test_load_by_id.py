@@ -62,6 +62,20 @@ def test_load_by_id_reads_log_n_entries(counted: type[Reads]) -> None:
     assert got[2000] <= 2 * got[200] and got[2000] <= 16 * 8, got
 
 
+def test_get_by_id_alone_reads_log_n_entries(counted: type[Reads]) -> None:
+    """``get(id)`` (no thread named) finds an early checkpoint by the same search in each
+    thread's log, not by walking the logs (the walk decoded ~2,000 entries at 2,000)."""
+    got = {}
+    for saves in (200, 2000):
+        store, ids = _thread(saves)
+        store.save("other", {"x": 1})
+        store2 = CheckpointStore.open(store.url)
+        Reads.take()
+        assert store2.get(ids[3]).state == {"i": 3}
+        got[saves] = Reads.take()
+    assert got[2000] <= 2 * got[200] and got[2000] <= 16 * 8, got
+
+
 def test_history_before_reads_its_page(counted: type[Reads]) -> None:
     """A page of history before an early checkpoint costs its own entries and a search, not the
     walk from the newest entry down to it (the walk decoded ~1,990 entries at 2,000)."""
@@ -101,7 +115,8 @@ def test_history_pages_are_exact() -> None:
 
 def test_load_by_id_is_exact_on_edited_logs() -> None:
     """Every checkpoint loads by id after deletes, a rewind and more saves; one that left the
-    log (deleted, rewound past) is not in the thread, though its objects may remain."""
+    log (deleted, rewound past) is not in the thread, though its objects may remain (``get``
+    finds it there, as before)."""
     store, ids = _thread(300)
     rng = random.Random(7)
     gone = set(rng.sample(ids[:250], 40))
@@ -114,8 +129,10 @@ def test_load_by_id_is_exact_on_edited_logs() -> None:
         if cid in gone:
             with pytest.raises(KeyError, match="is not in thread"):
                 fresh.load("t", cid)
+            assert fresh.get(cid).state == {"i": i}
         else:
             assert fresh.load("t", cid).state == {"i": i}
+            assert fresh.get(cid).state == {"i": i}
     for i, cid in enumerate(more):
         assert fresh.load("t", cid).state == {"i": 1000 + i}
 

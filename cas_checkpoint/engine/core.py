@@ -276,11 +276,20 @@ class Core:
         views: list[View] = []
         damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
         # damaged log does not hide the others)
-        for head in heads:
+        read: list[tuple[Head, View]] = []
+        for head in heads:  # first by each record's step (seek.py: O(log n) a log)
             if head.head is None:
                 continue
             view = yield from self.objects.view(head)
             views.append(view)
+            read.append((head, view))
+            for cid in wanted - out.keys():
+                step = seek.step_of(view, cid)
+                if step is not None and seek.find(head, view, cid, step) is not None:
+                    out[cid] = view
+            if len(out) == len(wanted):
+                return out
+        for head, view in read:  # then the logs, newest entry first
             try:
                 for e in self.refs.iter_newest_first(head, view):
                     if e.id in wanted and e.id not in out:
