@@ -25,11 +25,11 @@ from itertools import chain
 
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.object_store import View
+from cas_checkpoint.engine.refs import FANOUT
 from cas_checkpoint.errors import CasError
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import CheckpointId, LogEntry, ObjectId, Record, Segment
 
-FANOUT = 16  # children of a segment above level 0 (refs.py's FANOUT, checked as read)
 MAX_PROBES = 128  # leaves a search reads, at most (log2 of any real log's leaves is < 64)
 
 
