@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import commit as group
-from cas_checkpoint.engine import model, retention, settings
+from cas_checkpoint.engine import model, retention, seek, settings
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.caches import Known, Remembered, Threads
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
@@ -165,6 +165,14 @@ class Core:
 
     def _entry(self, thread_id: str, head: Head, view: View | None,
                cid: CheckpointId) -> LogEntry:
+        """The log entry of ``cid``: found by its record's step in O(log n) segments
+        (``seek.py``), else by walking the log from its newest entry (which says what is
+        wrong with a log the search cannot read)."""
+        step = None if view is None else seek.step_of(view, cid)
+        if step is not None:
+            found = seek.find(head, view, cid, step)
+            if found is not None:
+                return found
         for entry in self.refs.iter_newest_first(head, view):
             if entry.id == cid:
                 return entry
@@ -289,11 +297,20 @@ class Core:
         views: list[View] = []
         damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
         # damaged log does not hide the others)
-        for head in heads:
+        read: list[tuple[Head, View]] = []
+        for head in heads:  # first by each record's step (seek.py: O(log n) a log)
             if head.head is None:
                 continue
             view = yield from self.objects.view(head)
             views.append(view)
+            read.append((head, view))
+            for cid in wanted - out.keys():
+                step = seek.step_of(view, cid)
+                if step is not None and seek.find(head, view, cid, step) is not None:
+                    out[cid] = view
+            if len(out) == len(wanted):
+                return out
+        for head, view in read:  # then the logs, newest entry first
             try:
                 for e in self.refs.iter_newest_first(head, view):
                     if e.id in wanted and e.id not in out:
@@ -375,6 +392,24 @@ class Core:
                         out.append(info_of(entry, thread_id))
                 return limit is not None and len(out) >= limit
 
+            if before is not None and head.peaks and all(e.id != before for e in head.tail):
+                for recent in (True, False):  # the entries older than ``before``, from its leaf
+                    at = yield from self.objects.view(head, recent)  # on (seek.py)
+                    try:
+                        step = seek.step_of(at, before)
+                        older = None if step is None else seek.older(head, at, before, step)
+                        if older is None:
+                            break
+                        skipping = False
+                        take(older)
+                        return out
+                    except InArchive:  # (in the archive: read it too)
+                        del out[:]
+                        skipping = True
+                    except seek.Unseekable:  # a log the search cannot read: walk it
+                        del out[:]
+                        skipping = True
+                        break
             if not take(reversed(head.tail)) and head.peaks:  # past the tail: read the packs
                 view = yield from self.refs.view(head, recent=True)  # (the newest entries)
                 done, skipped = len(out), skipping

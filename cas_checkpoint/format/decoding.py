@@ -150,6 +150,10 @@ class _Decoder:
             raise FormatError(f"invalid {_EXT_NAMES[code]}: {_problem(exc)}; {_CORRUPT}") from None
 
     def build(self, code: int, data: Any) -> Any:
+        if code == _OBJECT:  # first: the most frequent (a LangGraph state's messages)
+            if type(data) is list and len(data) == 2 and type(data[0]) is str:
+                return self.build_object(data[0], data[1])
+            raise FormatError(f"invalid {_EXT_NAMES[code]} payload; {_CORRUPT}")
         if code == _TUPLE and type(data) is list:
             return tuple(data)
         if (code == _SET or code == _FROZENSET) and type(data) is list:
@@ -196,8 +200,6 @@ class _Decoder:
                 return self.span(*fields)
             except BaseException as exc:
                 raise _ResolveFailed(exc) from None
-        if code == _OBJECT and type(data) is list and len(data) == 2 and type(data[0]) is str:
-            return self.build_object(data[0], data[1])
         raise FormatError(f"invalid {_EXT_NAMES[code]} payload; {_CORRUPT}")
 
     def build_object(self, name: str, state: Any) -> Any:
