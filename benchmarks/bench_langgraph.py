@@ -54,7 +54,15 @@ p90 wall time and the median CPU time (``time.thread_time``: the machine's other
 less) of those calls, beside SqliteSaver's. Target (issue 29): CasSaver local disk <= 1.5x
 SqliteSaver's.
 
+Saves table (only with ``--saves``): the saves alone. The loop's ``put`` and ``put_writes``
+calls are recorded once (from an ``InMemorySaver``, each argument kept as LangGraph handed it:
+the same message objects from put to put, as in a live run) and replayed, in order, into a
+fresh saver of each kind, the savers taking turns over 5 rounds: the median wall and CPU
+(``time.thread_time``) per call, and the ratio to InMemorySaver's. Target (issue 29): CasSaver
+memory:// <= 3x InMemorySaver's.
+
     python benchmarks/bench_langgraph.py [--steps 200] [--quick] [--delta-only] [--many]
+                                         [--saves]
 """
 
 from __future__ import annotations
@@ -488,6 +496,73 @@ def load() -> str:
         return "load average -"
 
 
+# --- the saves alone: the loop's put/put_writes calls replayed into each saver --------------
+
+SAVE_ROUNDS = 5
+
+
+def recorded_calls(steps: int) -> list[tuple[str, tuple[Any, ...]]]:
+    """The put and put_writes calls of one run of the loop, in order, arguments as given."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder(InMemorySaver):
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            calls.append(("put", (config, checkpoint, metadata, dict(new_versions))))
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = ""
+                       ) -> None:
+            calls.append(("put_writes", (config, list(writes), task_id, task_path)))
+            super().put_writes(config, writes, task_id, task_path)
+
+    build_graph(steps, Recorder()).invoke(
+        {"messages": [HumanMessage(content=text(-1), id="human-0")]},
+        {"configurable": {"thread_id": "t1"}, "recursion_limit": 2 * steps + 20})
+    return calls
+
+
+def print_saves(steps: int) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    calls = recorded_calls(steps)
+    tmp = tempfile.mkdtemp(prefix="bench-langgraph-saves-")
+    makers: dict[str, Callable[[], Any]] = {
+        "InMemorySaver": InMemorySaver,
+        "CasSaver memory://": lambda: CasSaver.from_url(
+            f"memory://bench-saves-{uuid.uuid4().hex[:8]}"),
+        "CasSaver local disk": lambda: CasSaver.from_url(
+            os.path.join(tmp, uuid.uuid4().hex[:8])),
+        "SqliteSaver (local file)": lambda: SqliteSaver(sqlite3.connect(
+            os.path.join(tmp, f"{uuid.uuid4().hex[:8]}.sqlite"), check_same_thread=False)),
+    }
+    wall: dict[str, list[float]] = {n: [] for n in makers}
+    cpu: dict[str, list[float]] = {n: [] for n in makers}
+    for _ in range(SAVE_ROUNDS):
+        for name, make in makers.items():
+            saver = make()
+            w, c = time.perf_counter(), time.thread_time()
+            for kind, args in calls:
+                getattr(saver, kind)(*args)
+            cpu[name].append((time.thread_time() - c) / len(calls) * 1000)
+            wall[name].append((time.perf_counter() - w) / len(calls) * 1000)
+    med = {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in makers}
+    base = med["InMemorySaver"]
+    puts = sum(k == "put" for k, _ in calls)
+    print(f"\nsaves alone: the loop's {len(calls)} calls ({puts} put, {len(calls) - puts} "
+          f"put_writes) replayed into a fresh saver, {SAVE_ROUNDS} rounds taking turns; medians")
+    print(table(["saver", "ms/call", "CPU ms/call", "x InMemorySaver (wall, CPU)"],
+                [[n, f"{w:.3f}", f"{c:.3f}", f"{w / base[0]:.2f}x, {c / base[1]:.2f}x"]
+                 for n, (w, c) in med.items()]))
+    ratio = med["CasSaver memory://"][0] / base[0]
+    print(f"target: CasSaver memory:// saves <= 3x InMemorySaver's: "
+          f"{'MET' if ratio <= 3 else 'MISSED'} ({ratio:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -498,6 +573,9 @@ def main() -> None:
     ap.add_argument("--many", action="store_true",
                     help="only the many-conversations table (a warm saver object reading "
                          "threads it has not read yet; --steps 50: 102 messages a thread)")
+    ap.add_argument("--saves", action="store_true",
+                    help="only the saves table (the loop's put/put_writes calls replayed into "
+                         "each saver)")
     args = ap.parse_args()
     steps = 20 if args.quick else args.steps
     print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; python "
@@ -507,6 +585,9 @@ def main() -> None:
         return
     if args.many:
         print_many(steps)
+        return
+    if args.saves:
+        print_saves(steps)
         return
     print(f"workload: StateGraph(MessagesState) tool loop, {steps} tool calls (AIMessage + "
           f"ToolMessage of ~300 chars each) + a final AIMessage: {2 * steps + 2} messages, one "

@@ -169,6 +169,64 @@ def test_a_graph_schema_class_defined_in_a_function_comes_back_as_itself(url: st
     assert tup is not None and tup.checkpoint["channel_values"]["items"] == [{"n": 0}]
 
 
+def test_a_second_graph_of_the_same_schemas_reads_no_type_hints(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The saver learns the classes of each graph that calls it (schemas.py); a graph built
+    again of the same schemas (each test of a suite, each request of a server) reads no type
+    hints again (old code: the whole walk per graph, ~1 ms of typing.get_type_hints for
+    MessagesState; LangGraph's test files build a graph or more per test). A new class is
+    still learned."""
+    from pydantic import BaseModel
+
+    from cas_checkpoint.integrations.langgraph import schemas
+
+    class Note(BaseModel):
+        text: str
+
+    class State(TypedDict):
+        messages: Annotated[list, operator.add]
+        notes: Annotated[list[Note], operator.add]
+
+    def build(saver: CasSaver, state: Any = State) -> Any:
+        builder = StateGraph(state)
+        builder.add_node("n", lambda s: {"messages": [AIMessage("hi")],
+                                         "notes": [Note(text="x")]})
+        builder.add_edge(START, "n")
+        return builder.compile(checkpointer=saver)
+
+    read: list[Any] = []
+    real = schemas.typing.get_type_hints
+
+    def counted(obj: Any, *a: Any, **kw: Any) -> Any:
+        read.append(obj)
+        return real(obj, *a, **kw)
+    monkeypatch.setattr(schemas.typing, "get_type_hints", counted)
+    saver = CasSaver.from_url(f"memory://lgschemas-{uuid.uuid4().hex}")
+    config = _config("s")
+    build(saver).invoke({"messages": [HumanMessage("go")]}, config)
+    assert Note in read  # the first graph's classes are read
+    assert saver.get_tuple(config) is not None and Note in saver._core.types
+    read.clear()
+    for i in range(3):
+        graph = build(CasSaver.from_url(f"memory://lgschemas-{uuid.uuid4().hex}"))
+        graph.invoke({"messages": [HumanMessage("go")]}, _config(f"s{i}"))
+        assert graph.get_state(_config(f"s{i}")).values["notes"] == [Note(text="x")]
+    assert read == []
+
+    class Other(BaseModel):  # a new class: learned (its hints read once)
+        text: str
+
+    class State2(TypedDict):
+        notes: Annotated[list[Other], operator.add]
+
+    builder = StateGraph(State2)
+    builder.add_node("n", lambda s: {"notes": [Other(text="y")]})
+    builder.add_edge(START, "n")
+    other = CasSaver.from_url(f"memory://lgschemas-{uuid.uuid4().hex}")
+    builder.compile(checkpointer=other).invoke({"notes": []}, _config("o"))
+    assert Other in read and Other in other._core.types
+
+
 def test_a_class_outside_the_schemas_is_stored_as_data(url: str) -> None:
     from dataclasses import dataclass
 

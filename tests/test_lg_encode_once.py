@@ -398,3 +398,33 @@ def test_a_real_graph_stores_byte_for_byte_what_a_fresh_encoding_stores(
     assert "l" in [m.id for m in values["messages"]]
     fresh = g.compile(checkpointer=CasSaver.from_url(url))  # (new objects, empty caches)
     assert fresh.get_state(cfg).values == values
+
+
+def test_a_put_checks_langgraphs_metadata_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put's metadata (LangGraph's, under ``m``) is checked as a reader would read it once:
+    the keys the commit adds (``lgm``, ``lge``: its bounds) are checked alone, and the whole
+    entry's size again (old code: the whole metadata walked a second time inside the commit,
+    two walks a put). What a reader refuses is still refused, in the commit too."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from cas_checkpoint.engine import model
+    from cas_checkpoint.errors import InvalidArgumentError
+
+    walked: list[dict[str, Any]] = []
+    real = model._meta_problem
+
+    def counted(meta: dict[str, Any]) -> Any:
+        walked.append(meta)
+        return real(meta)
+    monkeypatch.setattr(model, "_meta_problem", counted)
+    saver = CasSaver.from_url("memory://meta-once-" + str(random.random()))
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    for step in range(5):
+        cp = empty_checkpoint()
+        walked.clear()
+        config = saver.put(config, cp, {"source": "loop", "step": step, "note": "x" * 50}, {})
+        assert sum("m" in w for w in walked) == 1, walked
+    # an addition that makes the entry too big is refused in the commit, as before
+    part = saver._core.prepare({"x": 1}, metadata={"a": "y" * (model.MAX_META_BYTES - 100)})
+    with pytest.raises(InvalidArgumentError, match="bytes encoded"):
+        model.add_meta(part.meta, {"b": "z" * 200})

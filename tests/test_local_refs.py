@@ -207,36 +207,57 @@ def test_new_folders_are_made_durable(tmp_path: Path, monkeypatch: pytest.Monkey
     """A pack in a new packs/ab folder, and the ref naming it, survive power loss only if the
     folders' own entries do: the first time a process uses a folder, each folder between the
     root and it is fsynced (also when another process made it): its parent the first time a
-    process uses it, each folder above once per process. Before a store object's first pack,
-    all 256 pack folders are made and packs/ is fsynced once after them, so that one flush
-    covers every pack folder's name (old code: a flush of packs/ the first time each folder
-    was used, up to 256 in a process)."""
+    process uses it, each folder above once per process. Pack folders are made in batches that
+    double (pack_folders.py), each covered by one flush of packs/: the first pack makes its own
+    folder only, and 40 saves flush packs/ at most 9 times (old code: all 256 folders before
+    the first pack; older code: a flush of packs/ the first time each folder was used)."""
 
     synced = _spy_folder_fsyncs(monkeypatch)
+    events: list[tuple[str, str]] = []  # ("mkdir" | "fsync", folder), in order
+    real_mkdir, real_sync = os.mkdir, local.LocalBackend._fsync_dir
+
+    def spy_mkdir(path: Any, *a: Any, **k: Any) -> None:
+        real_mkdir(path, *a, **k)
+        events.append(("mkdir", os.fspath(path)))
+
+    def spy_sync(folder: str) -> None:
+        events.append(("fsync", folder))
+        real_sync(folder)  # (the spy above: into synced too)
+
+    monkeypatch.setattr(os, "mkdir", spy_mkdir)
+    monkeypatch.setattr(local.LocalBackend, "_fsync_dir", staticmethod(spy_sync))
     root = str(tmp_path / "new" / "store")
+    packs = os.path.join(root, "packs")
     store = CheckpointStore.open(root, compression="none")
     assert str(tmp_path / "new") in synced  # the root's own name
     store.save("t", {"blob": "x" * 20_000})  # a pack: packs/ab/... and then refs/heads/t
-    for folder in (root, os.path.join(root, "packs"), os.path.join(root, "refs")):
+    for folder in (root, packs, os.path.join(root, "refs")):
         assert folder in synced, folder
-    pack_dirs = {os.path.dirname(os.path.join(root, i.key)) for i in store.backend.list("packs")}
-    assert pack_dirs and all(d in synced for d in pack_dirs)  # the folder the pack is in
-    # Every pack folder was made before packs/ was synced (that flush covers their names): a
-    # pack in a folder this process has not used yet flushes its own folder only.
-    packs = os.path.join(root, "packs")
-    assert sorted(os.listdir(packs)) == [f"{i:02x}" for i in range(256)]
-    seen = set(pack_dirs)
+
+    def durable() -> set[str]:
+        """The folders holding packs, each made before a flush of packs/."""
+        dirs = {os.path.dirname(os.path.join(root, i.key)) for i in store.backend.list("packs")}
+        for d in dirs:
+            at = events.index(("mkdir", d))
+            assert ("fsync", packs) in events[at:], d
+        return dirs
+
+    first = durable()
+    assert sorted(os.listdir(packs)) == sorted(os.path.basename(d) for d in first)
+    flushes = synced.count(packs)
     for i in range(40):
         synced.clear()
         store.save("t", {"blob": f"{i}" * 20_000})
-        now = {os.path.dirname(os.path.join(root, k.key)) for k in store.backend.list("packs")}
-        seen = now
-        assert packs not in synced, (i, synced)
         assert root not in synced  # packs/ itself: its name was made durable already
-    assert len(seen) > len(pack_dirs) + 10  # (packs went into folders not used before)
+        flushes += synced.count(packs)
+    seen = durable()
+    assert len(seen) > len(first) + 10  # (packs went into folders not used before)
+    assert flushes <= 9, flushes  # batches of 1, 2, 4, ... 256 folders
+    assert len(os.listdir(packs)) <= 256
+    synced.clear()
     other = CheckpointStore.open(root)  # another process: its first use syncs again
     other.save("u", {"blob": "z" * 20_000})
-    assert os.path.join(root, "packs") in synced and root in synced
+    assert packs in synced and root in synced
 
 
 def test_reading_back_a_ref_this_object_wrote_hashes_nothing_but_checks_its_bytes(

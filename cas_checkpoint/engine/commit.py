@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cas_checkpoint.engine import model, retention
 from cas_checkpoint.engine.caches import STATE_CACHE_BYTES, Known
-from cas_checkpoint.engine.model import CheckpointInfo, check_id, check_meta, info_of
+from cas_checkpoint.engine.model import CheckpointInfo, add_meta, check_id, check_meta, info_of
 from cas_checkpoint.engine.refs import Ref, new_lineage, thread_key
 from cas_checkpoint.engine.refs import append as log_append
 from cas_checkpoint.engine.steps import Step
@@ -200,7 +200,7 @@ def _append(core: Core, head: Head, part: Part, segments: dict[ObjectId, bytes]
     """``part`` appended to ``head``: its record and the record's bytes, its log entry and the
     new head (its new log segments go into ``segments``)."""
     extra = (yield from part.check(head)) if part.check is not None else None
-    entry_meta = check_meta(None, (), {**part.meta, **extra})[2] if extra else part.meta
+    entry_meta = add_meta(part.meta, extra) if extra else part.meta
     parents = part.parents if part.parents is not None else (head.head,) if head.head else ()
     record = Record(head.thread_id, parents, part.root, head.head_step + 1, time.time(),
                     part.size, part.label, part.tags, entry_meta, part.inline, part.status,

@@ -127,13 +127,27 @@ def check_meta(label: object, tags: object, metadata: object) -> tuple[str | Non
             f"{shown} {problem}; metadata must hold JSON-like values (str, int, float, bool, "
             "None, list, and dict with str keys, at every depth): convert it, or put richer "
             "values in the state instead", path) from None
-    if len(packed) > MAX_META_BYTES:
-        raise InvalidArgumentError(
-            f"metadata is {len(packed)} bytes encoded, more than {MAX_META_BYTES}; it is copied "
-            "into the thread's log, so keep it small and put large values in the state"
-        )
+    _check_meta_size(len(packed))
     # a copy (as readers decode it): the caller may change its dict after the save returns
     return label, tags, copy
+
+
+def _check_meta_size(size: int) -> None:
+    if size > MAX_META_BYTES:
+        raise InvalidArgumentError(
+            f"metadata is {size} bytes encoded, more than {MAX_META_BYTES}; it is copied "
+            "into the thread's log, so keep it small and put large values in the state"
+        )
+
+
+def add_meta(checked: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``checked`` (``check_meta``'s answer) with the keys of ``extra`` added: ``extra`` is
+    checked alone and the whole one's size again, so what was checked is not walked twice (a
+    LangGraph save's own metadata, under the keys its commit adds)."""
+    got = check_meta(None, (), extra)[2]
+    out = {**checked, **got}
+    _check_meta_size(len(msgpack.packb(out, strict_types=True)))
+    return out
 
 
 def _meta_problem(metadata: dict[str, Any]) -> tuple[str, str] | None:

@@ -14,6 +14,8 @@ from cas_checkpoint.backends import Backend, sealed
 from cas_checkpoint.engine import archive, encryption
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
+from cas_checkpoint.engine.pack_folders import PREFIX as PREFIX  # (gc, verify)
+from cas_checkpoint.engine.pack_folders import PackFolders
 from cas_checkpoint.engine.process_caches import Shared, for_store
 from cas_checkpoint.engine.steps import Blocking, GetMany, PutMany, Sleep, Step
 from cas_checkpoint.errors import (
@@ -45,15 +47,11 @@ from cas_checkpoint.format.pack import (
 
 _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
 
-PREFIX = "packs"
 SETTLE_WAIT = 30.0  # seconds a step waits for another that reads the settings
 VIEWS_KEPT = 64  # threads whose newest view is kept (for the next read of the same head)
 LAZY_BYTES = 64 * 1024  # a compressed pack made here this big (plain) is cached compressed:
 # a merge's big pack is seldom read again by the process that wrote it (a thread it writes
 # loads warm, from the states it saved), so its plain bytes (~10x) would only be held
-
-
-PACK_FOLDERS = tuple(f"{PREFIX}/{i:02x}" for i in range(256))  # (pack_key's folders)
 
 
 def pack_key(pid: str) -> str:
@@ -390,7 +388,7 @@ class ObjectStore:
         self.shared: Shared | None = (
             for_store(*scope) if scope is not None and self.keyring is None else None)
         self._settling = False  # a step is reading the settings now (see settle)
-        self._folders = not backend.has_folders  # the pack folders are made (durably)
+        self._folders = PackFolders(backend.has_folders)  # the pack folders made (durably)
         self.cache: PackCache[Pack] = PackCache(cache_bytes, None if self.shared is None else
                                self.shared.drop_packs)  # (memory://: the shared ones too)
         self._cache = self.cache.packs  # (the packs by id, least recently used first)
@@ -523,11 +521,13 @@ class ObjectStore:
         is not decompressed or decrypted again to be cached)."""
         if not packs:
             return
-        if not self._folders:  # local disk, this object's first pack: all pack folders and
-            # their names made durable in one flush, not one the first time each is used
-            yield Blocking(self.backend.prepare_folders, (PACK_FOLDERS,))
-            self._folders = True
-        yield PutMany({pack_key(k): v for k, v in packs.items()})
+        keyed = {pack_key(k): v for k, v in packs.items()}
+        folders = self._folders.batch(keyed)
+        if folders:  # local disk: the folders these packs go into (and a few more) made and
+            # their names made durable in one flush (pack_folders.py)
+            yield Blocking(self.backend.prepare_folders, (folders,))
+            self._folders.made(folders)
+        yield PutMany(keyed)
         self._remember_new(packs, contents or {}, opened or {})
 
     def put_packs_now(self, packs: dict[ObjectId, bytes]) -> None:

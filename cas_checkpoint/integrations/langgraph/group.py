@@ -25,11 +25,12 @@ What a commit flushes on local disk, and why none of it can go: the ref's new sl
 name points at them) and, after ``os.link``, its folder's (its name: without it, power loss
 can keep the ref and lose the pack's entry, a ref to a missing object); a new ref file (a
 subgraph's namespace, every turn) is a temp file, ``fsync``, rename and folder ``fsync``. The
-pack folders' own names are flushed once per store object (``Backend.prepare_folders``). So a
-LangGraph turn costs about one flush per ``aput`` (they are chained: each waits for the one
-before, so two puts never share a commit; pending writes join them) plus two per pack; fewer
-packs is what lowers it further: the saver lets a head hold 16 KB of new objects
-(``saver.INLINE_BYTES``), not the store's 4 KB, so about four commits share a pack.
+pack folders' own names are flushed in at most 9 batches per store object
+(``pack_folders.py``). So a LangGraph turn costs about one flush per ``aput`` (they are
+chained: each waits for the one before, so two puts never share a commit; pending writes join
+them) plus two per pack; fewer packs is what lowers it further: the saver lets a head hold
+16 KB of new objects (``saver.INLINE_BYTES``), not the store's 4 KB, so about four commits
+share a pack.
 
 Cancellation: a call cancelled while its part is still queued is taken out (it did not land,
 nothing was written for it); one cancelled once its part is in a commit waits for that commit

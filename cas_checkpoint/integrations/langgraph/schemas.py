@@ -8,6 +8,10 @@ graph's objects themselves: its state, input, output and context schemas, its no
 branches' input schemas and its channels' value and update types, walked as LangGraph's
 ``collect_allowlist_from_schemas`` walks them. A class defined inside a function is found too
 (nothing is looked up by name).
+
+A test suite or a server builds many graphs of the same schemas: each class's type hints are
+read once per process (``typing.get_type_hints`` is the walk's cost: ~1 ms a graph of
+``MessagesState``), and the classes of the last ``ROOTS_KEPT`` sets of roots are kept.
 """
 
 from __future__ import annotations
@@ -15,14 +19,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
+import threading
 import types
 import typing
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, get_args, get_origin
 
 MAX_FRAMES = 256  # how far up the stack a saver looks for its graph
 MAX_TYPES = 4096  # types one graph's walk visits at most
+ROOTS_KEPT = 64  # graphs' sets of roots whose classes are kept (a graph's roots, its classes)
+_HINTS: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_FOUND: OrderedDict[tuple[Any, ...], frozenset[type]] = OrderedDict()
+_LOCK = threading.Lock()
 
 
 def _pregel_file() -> str | None:
@@ -48,7 +58,21 @@ def callers() -> Iterator[Any]:
         frame = frame.f_back  # type: ignore[assignment]
 
 
-def _hints(cls: Any) -> list[Any]:
+def _hints(cls: Any) -> tuple[Any, ...]:
+    """A class's type hints (its fields' types), read once per class."""
+    try:
+        with _LOCK:
+            got = _HINTS.get(cls)
+    except TypeError:  # (not weakly referable)
+        return tuple(_read_hints(cls))
+    if got is None:
+        got = tuple(_read_hints(cls))
+        with _LOCK:
+            _HINTS[cls] = got
+    return got
+
+
+def _read_hints(cls: Any) -> list[Any]:
     try:
         return list(typing.get_type_hints(cls, include_extras=True).values())
     except Exception:  # a forward reference that does not resolve, etc.
@@ -62,6 +86,24 @@ def _hints(cls: Any) -> list[Any]:
 
 def classes_of(roots: list[Any]) -> set[type]:
     """The dataclasses, pydantic models and enums reachable from these types."""
+    try:
+        key = tuple(roots)
+        with _LOCK:
+            got = _FOUND.get(key)
+            if got is not None:
+                _FOUND.move_to_end(key)
+                return set(got)
+    except TypeError:  # (a root that is not hashable)
+        return _walk(roots)
+    found = _walk(roots)
+    with _LOCK:
+        _FOUND[key] = frozenset(found)
+        while len(_FOUND) > ROOTS_KEPT:
+            _FOUND.popitem(last=False)
+    return found
+
+
+def _walk(roots: list[Any]) -> set[type]:
     found: set[type] = set()
     seen: set[int] = set()
     stack = list(roots)
