@@ -20,7 +20,7 @@ def test_iter_threads_gives_what_threads_gives(store: CheckpointStore) -> None:
     assert sorted(got) == store.threads() and len(got) == len(set(got)) == 31
 
 
-def test_s3_iter_threads_requests_a_page_when_the_one_before_is_taken(
+def test_s3_iter_threads_lists_one_page_first_then_key_ranges(
         tmp_path: Any, request: pytest.FixtureRequest) -> None:
     store = open_store("s3", tmp_path, request)
     fill(store, 2500)

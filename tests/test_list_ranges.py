@@ -80,18 +80,19 @@ def test_s3_threads_listed_once_each_with_lists_in_flight_together(
     assert lists.peak >= 2
 
 
-@pytest.mark.parametrize("tail", ["keys past the last cut", "a cut past the last key"])
+@pytest.mark.parametrize("tail", ["keys past the last cut", "a cut at the last key",
+                                  "a cut past the last key"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_key_once_whatever_the_cut_points(
         kind: str, tail: str, tmp_path: Any, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cuts equal to keys, between keys, past the last key, and keys past the last cut: each
-    key in one range only (a range ends at its cut inclusive, the next starts after it)."""
+    """Cuts equal to keys, between keys, at and past the last key, and keys past the last cut:
+    each key in one range only (a range ends at its cut inclusive, the next starts after it)."""
     store = open_store(kind, tmp_path, request)
     keys = sorted(put_refs(store, [f"t{i}" for i in range(400)]))
-    picks = [keys[40], keys[41] + "a", keys[97], keys[98]]  # where the probes look
-    if tail == "a cut past the last key":
-        picks += [keys[-1], keys[-1] + "z"]
+    picks = [keys[40], keys[60] + "a", keys[97], keys[120]]  # where the probes look
+    picks += {"keys past the last cut": [], "a cut at the last key": [keys[-1]],
+              "a cut past the last key": [keys[-1] + "z"]}[tail]
     monkeypatch.setattr(ranges.KeySpace, "past",
                         lambda self, first, last, scale: picks.pop(0) if picks else None)
     pool = [keys[150], keys[150] + "a", keys[151], keys[300]]  # where long ranges hand off
