@@ -107,7 +107,9 @@ def test_every_key_once_whatever_the_cut_points(
     monkeypatch.setattr(ranges.KeySpace, "cuts", cuts)
     got = split_keys(store.backend, page_size=10)
     assert sorted(got) == keys and len(got) == len(keys)
-    assert not picks and not pool  # every cut was made
+    assert not picks  # every probe's cut was made (one after another: always)
+    if kind == "memory":  # (answered inline: the same hand-offs every run; elsewhere timing)
+        assert not pool
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -45,6 +45,7 @@ PAGE = 1000  # keys a request (S3's largest page); tests make it small to list m
 PARTS = 8  # ranges listed at once, at most
 SPLITS_PER_PAGE = 4  # one split (a new range) allowed for every this many pages listed
 
+
 class KeySpace:
     """Keys as numbers, so a span of keys can be cut at equal shares. The digits are the
     characters the keys were seen to use (``chars``, sorted; 0 ends a key), so the shares
@@ -119,6 +120,7 @@ class _Split:
         self.pages = 1  # the first, listed before the split
         self.splits = 0
         self.gate = asyncio.Semaphore(self.parts)
+        self.space = KeySpace(folder + "/", ())
 
     def _start(self, coro: Coroutine[Any, Any, None]) -> None:
         self.running += 1
@@ -195,10 +197,8 @@ class _Split:
 
     async def pages_from(self, first: builtins.list[ObjectInfo]) -> AsyncIterator[
             builtins.list[ObjectInfo]]:
-        self.running += 1  # (the probe: until it has started the ranges)
         self.space = KeySpace(self.folder + "/", (i.key for i in first))
-        self._start(self._probe(first[0].key, first[-1].key))
-        self.running -= 1
+        self._start(self._probe(first[0].key, first[-1].key))  # it starts the ranges
         try:
             while True:
                 got = await self.out.get()
