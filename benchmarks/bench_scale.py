@@ -6,6 +6,16 @@ quick_check), in the same run.
 
     python benchmarks/bench_scale.py                           # local 100..50,000, S3 100..5,000
     python benchmarks/bench_scale.py --local 100,1000 --s3 100  # quick
+    python benchmarks/bench_scale.py --local 0 --s3 0 --listing 5000,20000  # threads() on S3
+
+``--rounds``: the same listing's requests and rounds counted over refs in memory (pages of
+100, so 100,000 refs make 1,000 pages: what 1M refs make on S3).
+
+``--listing``: ``threads()`` on S3 (moto) over that many refs, listed one page after another
+(as before issue 31: one ListObjectsV2 paginator) and in key ranges at once
+(``backends/ranges.py``), in the same run on the same refs, as moto answers and with
+``--latency-ms`` added to each request (moto answers a LIST on this machine in a few ms; S3
+takes 30-100 ms).
 
 Each thread holds one checkpoint of a small chat state (5 messages) in its own pack
 (``inline_max=1``). gc runs with the default grace (nothing is old enough to delete: the cost
@@ -16,6 +26,7 @@ LIST/PUT $0.005 per 1,000 requests.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import os
 import shutil
 import sqlite3
@@ -202,10 +213,138 @@ def lists(op: str, n: int) -> int:
     return refs * pages + by_prefix * prefixed + whole * pages + fixed
 
 
+ROUNDS: contextvars.ContextVar[int] = contextvars.ContextVar("rounds", default=0)
+
+
+def _listing_times(store: CheckpointStore, n: int, added: float) -> list[list[Any]]:
+    """threads() timed both ways with ``added`` ms before each S3 request."""
+    import asyncio
+
+    from cas_checkpoint.engine.refs import HEADS
+
+    backend: Any = store.backend
+    fs = backend.fs
+    real = fs._call_s3
+    calls: Counter[str] = Counter()
+    deepest = [0]
+
+    async def slow(method: str, *a: Any, **kw: Any) -> Any:
+        calls[method] += 1
+        # rounds: the longest chain of requests each waiting for the one before (a task
+        # inherits its maker's count): what the time is on S3, ~30-100 ms a request
+        depth = ROUNDS.get() + 1
+        ROUNDS.set(depth)
+        deepest[0] = max(deepest[0], depth)
+        await asyncio.sleep(added / 1000)
+        return await real(method, *a, **kw)
+
+    def before() -> list[str]:  # what threads() did: one paginator, a page after another
+        listed = backend._run(backend._list(HEADS))
+        return sorted(store._run(store._core.refs.threads_in(listed)))
+
+    rows: list[list[Any]] = []
+    fs._call_s3 = slow
+    try:
+        for how, fn in (("one page after another", before), ("key ranges at once",
+                                                             store.threads)):
+            calls.clear()
+            deepest[0] = 0
+            t = time.perf_counter()
+            got = fn()
+            secs = time.perf_counter() - t
+            assert len(got) == n
+            rows.append([n, f"+{added:g} ms", how, f"{secs * 1e3:.0f}",
+                         f"{secs / n * 1e6:.1f}", calls["list_objects_v2"], deepest[0]])
+    finally:
+        fs._call_s3 = real
+    return rows
+
+
+def run_listing(sizes: list[int], latency_ms: float) -> None:
+    from cas_checkpoint.engine.refs import thread_key
+
+    rows = []
+    with moto_s3() as opts:
+        for n in sizes:
+            store = CheckpointStore.open(f"s3://bench/listing-{n}-{os.getpid()}",
+                                         storage_options=opts)
+            store.backend.put_many({thread_key(f"tenant-7/thread-{i}"): b"r" for i in range(n)})
+            for added in (0.0, latency_ms):
+                rows += _listing_times(store, n, added)
+            print(f"listing {n} done", file=sys.stderr, flush=True)
+    print("\nthreads() on S3 (moto): one page after another (before) and in key ranges at "
+          "once (now), the same refs in the same run; a page holds 1,000 keys")
+    print(table(["threads", "latency added", "listing", "ms", "µs/thread", "LIST", "rounds"],
+                rows))
+
+
+def run_rounds(n: int, page: int) -> None:
+    """The listing's shape without a server: ``n`` refs of three kinds of ids in memory, pages
+    of ``page`` keys; requests, the most in flight, and rounds (requests that wait for one
+    another), beside one page after another (pages requests in as many rounds)."""
+    import asyncio
+    import bisect
+    import random
+
+    import fsspec
+
+    from cas_checkpoint.backends import ranges
+    from cas_checkpoint.backends.memory import MemoryBackend
+    from cas_checkpoint.engine.refs import HEADS, thread_key
+
+    class Counted(MemoryBackend):
+        def __init__(self, keys: list[str]) -> None:
+            super().__init__(fsspec.filesystem("memory"), f"/rounds-{os.getpid()}")
+            self.infos = [ranges_info(k) for k in sorted(keys)]
+            self.keys = [i.key for i in self.infos]
+            self.calls = self.now = self.peak = 0
+
+        async def alist_page(self, prefix: str, start_after: str | None = None,
+                             limit: int = 1000) -> tuple[list[Any], bool]:
+            depth = ROUNDS.get() + 1
+            ROUNDS.set(depth)
+            self.deepest = max(getattr(self, "deepest", 0), depth)
+            self.calls += 1
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            await asyncio.sleep(0)
+            self.now -= 1
+            at = 0 if start_after is None else bisect.bisect_right(self.keys, start_after)
+            return self.infos[at:at + limit], len(self.keys) > at + limit
+
+    def ranges_info(key: str) -> Any:
+        from cas_checkpoint.backends.base import ObjectInfo
+
+        return ObjectInfo(key, 1, 0.0)
+
+    rng = random.Random(1)
+    kinds = {"random hex ids": [f"{rng.getrandbits(128):032x}" for _ in range(n)],
+             "tenant-42/agent-<n>": [f"tenant-42/agent-{i * 7919 % 10**8:08d}"
+                                     for i in range(n)],
+             "thread-<i>": [f"thread-{i}" for i in range(n)]}
+    rows = []
+    for kind, ids in kinds.items():
+        backend = Counted([thread_key(t) for t in ids])
+
+        async def go(b: Counted = backend) -> int:
+            return sum([len(p) async for p in ranges.alist_split(b, HEADS, page_size=page)])
+
+        assert asyncio.run(go()) == n
+        pages = -(-n // page)
+        rows.append([kind, n, pages, backend.calls, backend.peak, backend.deepest, pages])
+    print(f"\nThe listing in key ranges, counted: {n} refs in pages of {page}")
+    print(table(["ids", "refs", "pages", "requests", "most in flight", "rounds",
+                 "rounds one page after another"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--local", default="100,1000,5000,20000,50000")
     ap.add_argument("--s3", default="100,1000,5000")
+    ap.add_argument("--listing", default="5000,20000")
+    ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--rounds", type=int, default=100_000,
+                    help="refs of the counted listing model (0: none), pages of 100")
     args = ap.parse_args()
     local = [int(x) for x in args.local.split(",") if x and int(x)]
     s3 = [int(x) for x in args.s3.split(",") if x and int(x)]
@@ -213,6 +352,11 @@ def main() -> None:
         run_local(local)
     if s3:
         run_s3(s3)
+    listing = [int(x) for x in args.listing.split(",") if x and int(x)]
+    if listing:
+        run_listing(listing, args.latency_ms)
+    if args.rounds:
+        run_rounds(args.rounds, 100)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_iter_threads_gives_what_threads_gives(store: CheckpointStore) -> None:
     assert sorted(got) == store.threads() and len(got) == len(set(got)) == 31
 
 
-def test_s3_iter_threads_requests_a_page_when_the_one_before_is_taken(
+def test_s3_iter_threads_lists_one_page_first_then_key_ranges(
         tmp_path: Any, request: pytest.FixtureRequest) -> None:
     store = open_store("s3", tmp_path, request)
     fill(store, 2500)
@@ -29,7 +29,10 @@ def test_s3_iter_threads_requests_a_page_when_the_one_before_is_taken(
     first = [next(it) for _ in range(1000)]
     assert calls["list_objects_v2"] == 1 and calls["get_object"] == 0  # one page so far
     rest = list(it)
-    assert calls["list_objects_v2"] == 3 and len(set(first + rest)) == 2500
+    assert len(first + rest) == len(set(first + rest)) == 2500
+    # the rest in key ranges at once: 2 more pages' worth, plus the cut points tried (the
+    # count is exact: the listing is deterministic for these keys)
+    assert 3 <= calls["list_objects_v2"] <= 8, calls
 
 
 @pytest.mark.parametrize("backend_kind", ["local"])

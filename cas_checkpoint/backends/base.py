@@ -14,6 +14,7 @@ Each primitive has an awaitable twin (``aget_many``, ``awrite_ref``...) used by
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import threading
 from abc import ABC, abstractmethod
@@ -80,6 +81,11 @@ class Backend(ABC):
     # Capability: ``read_ref``'s version is the one listings give (``ObjectInfo.version``: S3's
     # ETag), so gc's summary can check that the ref it read is the one it listed.
     ref_version_listed: bool = False
+    # Capability: ``list_page`` (the keys after a given one) is one request a page, as S3's
+    # ``StartAfter`` is, so a large folder is listed in key ranges at once (``ranges.py``).
+    # Elsewhere ``list_page`` works too (it sorts the whole listing: for a worker's share of a
+    # folder, or a test), but a folder is read in one pass.
+    list_after: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -138,6 +144,20 @@ class Backend(ABC):
     async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
         """``list_pages``, awaited (by default one page: the whole ``alist``)."""
         yield await self.alist(prefix)
+
+    def list_page(self, prefix: str, start_after: str | None = None,
+                  limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        """Up to ``limit`` keys under ``prefix`` (a folder) that sort after ``start_after``
+        (a key; None: from the first), in key order, and whether more follow. By default from
+        the whole ``list``, sorted each call (S3: one ``ListObjectsV2`` with ``StartAfter``)."""
+        infos = sorted(self.list(prefix), key=_by_key)
+        at = 0 if start_after is None else bisect.bisect_right(infos, start_after, key=_by_key)
+        return infos[at:at + limit], len(infos) > at + limit
+
+    async def alist_page(self, prefix: str, start_after: str | None = None,
+                         limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        """``list_page``, awaited."""
+        return await self.run_blocking(self.list_page, prefix, start_after, limit)
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         """Every key under each of ``prefixes`` (folders), listed concurrently (used by gc to
@@ -228,6 +248,10 @@ class Backend(ABC):
             return [self.read_ref(k) for k in keys]
         with ThreadPoolExecutor(min(self.concurrency, len(keys))) as pool:
             return builtins.list(pool.map(self.read_ref, keys))
+
+
+def _by_key(info: ObjectInfo) -> str:
+    return info.key
 
 
 def _version(data: bytes) -> str:

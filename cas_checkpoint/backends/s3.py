@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from fsspec.asyn import sync
 
 from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch
+from cas_checkpoint.backends.ranges import alist_split
 from cas_checkpoint.backends.retry import (
     Backoff,
     error_code,
@@ -87,6 +88,7 @@ async def _all(coros: Iterable[Coroutine[Any, Any, T]]) -> builtins.list[T]:
 class S3Backend(Backend):
     concurrency = 32
     ref_version_listed = True  # GetObject and ListObjectsV2 give the same ETag
+    list_after = True  # ListObjectsV2's StartAfter: a folder is listed in key ranges at once
     backoff = Backoff()  # the only retries of a store opened from a URL (see retry.py)
 
     def __init__(self, fs: Any, root: str, *, allow_unsafe: bool = False,
@@ -539,34 +541,57 @@ class S3Backend(Backend):
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         return self._run(self.alist(prefix))
 
+    async def _page(self, prefix: str, start_after: str | None,
+                    limit: int) -> tuple[builtins.list[ObjectInfo], bool]:
+        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/", "MaxKeys": limit}
+        if start_after is not None:
+            kw["StartAfter"] = self._key(start_after)
+        resp = await self._s3("list_objects_v2", **kw)
+        return [self._info(item) for item in resp.get("Contents", [])], bool(
+            resp.get("IsTruncated"))
+
+    def list_page(self, prefix: str, start_after: str | None = None,
+                  limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        return self._run(self.alist_page(prefix, start_after, limit))
+
+    async def alist_page(self, prefix: str, start_after: str | None = None,
+                         limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        """One ListObjectsV2 request: up to ``limit`` keys after ``start_after``."""
+        if not self._native():
+            return await super().alist_page(prefix, start_after, limit)
+        return await self._mapped(f"listing {prefix}", self._page(prefix, start_after, limit))
+
     def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
-        """A ListObjectsV2 page (up to 1,000 keys) at a time, each requested when the one
-        before has been taken."""
-        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
-        while True:
-            resp = self._run(self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw)))
-            yield [self._info(item) for item in resp.get("Contents", [])]
-            if not resp.get("IsTruncated"):
-                return
-            kw["ContinuationToken"] = resp["NextContinuationToken"]
+        """A page (up to 1,000 keys) at a time: the first page, then, if more follow, key
+        ranges listed at once (``ranges.py``), their pages as they arrive. Ranges run on the
+        filesystem's loop between the pages taken; at most a few pages wait for the caller."""
+        pages = alist_split(self, prefix)
+
+        async def step() -> builtins.list[ObjectInfo] | None:
+            try:
+                return await pages.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        try:
+            while (page := self._run(step())) is not None:
+                yield page
+        finally:
+            if not self.asynchronous:
+                self._run(pages.aclose())  # cancels the ranges still listing
 
     async def alist(self, prefix: str) -> builtins.list[ObjectInfo]:
         if not self._native():
             return await super().alist(prefix)
-        return await self._mapped(f"listing {prefix}", self._list(prefix))
+        return [i async for page in alist_split(self, prefix) for i in page]
 
     async def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
         if not self._native():
             async for page in super().alist_pages(prefix):
                 yield page
             return
-        kw: dict[str, Any] = {"Prefix": self._key(prefix.rstrip("/")) + "/"}
-        while True:
-            resp = await self._mapped(f"listing {prefix}", self._s3("list_objects_v2", **kw))
-            yield [self._info(item) for item in resp.get("Contents", [])]
-            if not resp.get("IsTruncated"):
-                return
-            kw["ContinuationToken"] = resp["NextContinuationToken"]
+        async for page in alist_split(self, prefix):
+            yield page
 
     def list_many(self, prefixes: Iterable[str]) -> Iterable[ObjectInfo]:
         return self._run(self.alist_many(prefixes))

@@ -29,6 +29,7 @@ class SealedBackend(Backend):
         self.concurrency = inner.concurrency
         self.url = inner.url
         self.has_folders = inner.has_folders
+        self.list_after = inner.list_after
 
     def prepare_folders(self, folders: Iterable[str]) -> None:
         self.inner.prepare_folders(folders)  # (packs keep their keys)
@@ -93,6 +94,14 @@ class SealedBackend(Backend):
 
     def list_pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
         return self.inner.list_pages(prefix)
+
+    def list_page(self, prefix: str, start_after: str | None = None,
+                  limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        return self.inner.list_page(prefix, start_after, limit)
+
+    async def alist_page(self, prefix: str, start_after: str | None = None,
+                         limit: int = 1000) -> tuple[builtins.list[ObjectInfo], bool]:
+        return await self.inner.alist_page(prefix, start_after, limit)
 
     def alist_pages(self, prefix: str) -> AsyncIterator[builtins.list[ObjectInfo]]:
         return self.inner.alist_pages(prefix)
