@@ -111,7 +111,11 @@ class Pack:
                 got = self._data
                 assert got is not None
                 return got
-            got = self._data = open_pack(stored)[0]
+            try:
+                got = open_pack(stored)[0]
+            except FormatError as exc:
+                raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
+            self._data = got
             self.stored = None
         return got
 
@@ -210,6 +214,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
             return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
         data = sealing.open_sealed_pack(data, keys, pack_key(pid))
     try:
+        if len(data) > 5 and data[5] & ZSTD:  # compressed: its body is decompressed when an
+            index, _ = pack_index(data)  # object of it is first taken out, not before (a
+            # cold read of a thread's newest state takes nothing from most of its packs)
+            return Pack(ObjectId(pid), size, None, index, stored=data)
         view, index = open_pack(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None

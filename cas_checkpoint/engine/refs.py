@@ -340,8 +340,10 @@ class RefStore:
             else:
                 stack.append((reversed(seg.children), seg.level))
 
-    def newest_first(self, head: Head) -> Step[Iterator[LogEntry]]:
-        view = yield from self.view(head)
+    def newest_first(self, head: Head, recent: bool = False) -> Step[Iterator[LogEntry]]:
+        """The entries of ``head``'s log, newest first, read as they are reached (``recent``:
+        from the head's own packs, ``view``'s; reading past them raises ``InArchive``)."""
+        view = yield from self.view(head, recent)
         return self.iter_newest_first(head, view)
 
     def missing(self, head: Head, new: dict[ObjectId, bytes]) -> Step[dict[ObjectId, bytes]]:
