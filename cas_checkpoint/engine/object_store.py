@@ -100,6 +100,8 @@ class Pack:
     _all: dict[ObjectId, memoryview] | None = None
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
     stored: bytes | memoryview | None = None  # the compressed pack, while _data is None
+    plain: int = 0  # bytes counted for it while it is not decompressed, if more than stored
+    # (a pack read from storage: a read decompresses it, the cache's bound counts that)
 
     @property
     def data(self) -> memoryview:
@@ -125,7 +127,7 @@ class Pack:
         else its plain bytes (a compressed pack's are bigger than the stored pack)."""
         got, stored = self._data, self.stored
         if got is None and stored is not None:
-            return len(stored)
+            return max(len(stored), self.plain)
         return max(self.size, self.data.nbytes)
 
     def get(self, oid: str) -> bytes | None:
@@ -200,11 +202,12 @@ class Pack:
 
 
 def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
-               keys: sealing.Keyring | None = None) -> Pack:
+               keys: sealing.Keyring | None = None, lazy: bool = False) -> Pack:
     """A pack from its stored bytes: hashed against its name (unless this process just built
     it: ``trusted``), decrypted if it is encrypted (with ``keys``), then its index decoded. A
     key-less keyring gets an encrypted pack with an empty index (its name checked, nothing
-    else)."""
+    else). ``lazy``: a compressed body is decompressed (and checked) when an object is first
+    taken out of it (``Pack.data``: a FormatError naming the pack then), not now."""
     actual = pid if trusted else object_id(data)
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
@@ -214,10 +217,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
             return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
         data = sealing.open_sealed_pack(data, keys, pack_key(pid))
     try:
-        if len(data) > 5 and data[5] & ZSTD:  # compressed: its body is decompressed when an
-            index, _ = pack_index(data)  # object of it is first taken out, not before (a
-            # cold read of a thread's newest state takes nothing from most of its packs)
-            return Pack(ObjectId(pid), size, None, index, stored=data)
+        if lazy and len(data) > 5 and data[5] & ZSTD:  # its body decompressed when an
+            index, plain = pack_index(data)  # object of it is first taken out, not before
+            # (a cold read of a thread's newest state takes nothing from most of its packs)
+            return Pack(ObjectId(pid), size, None, index, stored=data, plain=plain)
         view, index = open_pack(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
@@ -462,9 +465,10 @@ class ObjectStore:
         """The key new packs are sealed with (None: a plain store)."""
         return None if self.keyring is None else self.keyring.write_key()
 
-    def parse(self, pid: str, data: bytes, *, trusted: bool = False) -> Pack:
+    def parse(self, pid: str, data: bytes, *, trusted: bool = False, lazy: bool = False
+              ) -> Pack:
         """``parse_pack`` with this store's keys (remembering which key sealed the pack)."""
-        pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring)
+        pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring, lazy=lazy)
         if self.keyring is not None and sealing.is_sealed_pack(data):
             self.sealed_by[pid] = bytes(data[6:14]).hex()
         return pack
@@ -501,7 +505,8 @@ class ObjectStore:
         except OSError:
             return None
         try:
-            pack = self.parse(pid, data)  # re-hashed: a damaged cache file is just a miss
+            pack = self.parse(pid, data, lazy=True)  # re-hashed: a damaged cache file is
+            # just a miss
         except (IntegrityError, FormatError):
             return None
         with self._lock:
@@ -570,10 +575,10 @@ class ObjectStore:
         (process_caches.py), or parsed (and hashed) now."""
         shared = self.shared
         if shared is None:
-            return self.parse(pid, data)
+            return self.parse(pid, data, lazy=True)
         pack: Pack | None = shared.pack(pid, data)
         if pack is None:
-            pack = self.parse(pid, data)
+            pack = self.parse(pid, data, lazy=True)
             shared.keep_pack(pid, data, pack)
         return pack
 
