@@ -168,3 +168,22 @@ def test_a_new_saver_reads_a_long_threads_latest_state_in_two_rounds(tmp_path: A
     assert ref is not None and ref.head.archive is not None  # (the thread has an archive)
     own = {f"packs/{p.id[:2]}/{p.id[2:]}" for p in ref.head.packs}
     assert set(rounds[1]) <= own, set(rounds[1]) - own
+
+
+def test_a_repacked_thread_has_one_history_pack_whatever_the_levels_it_had(
+        tmp_path: Any) -> None:
+    """repack writes one pack at the highest merge level the thread had: a live pack's level
+    counts as its merge's, so the pack is not taken for a live one (the next merge of archive
+    level would rewrite it whole)."""
+    from cas_checkpoint.engine import live
+
+    path = str(tmp_path / "r")
+    _thread(path, 300, chat=False)
+    store = CheckpointStore.open(path)
+    before = store.refs.read("t")
+    assert before is not None and any(live.is_live(p) for p in before.head.packs)
+    store.repack("t", min_garbage=0)
+    after = store.refs.read("t")
+    assert after is not None and len(after.head.packs) == 1
+    assert not live.is_live(after.head.packs[0])
+    assert after.head.packs[0].level == max(live.level(p) for p in before.head.packs)
