@@ -26,7 +26,7 @@ that path: a split is a reader's shortcut, never a correctness matter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from cas_checkpoint.errors import FormatError
 from cas_checkpoint.format.heads import Head, PackRef
@@ -56,6 +56,13 @@ def is_live(p: PackRef) -> bool:
 def level(p: PackRef) -> int:
     """``p``'s merge level, a live pack's being that of the merge that made it."""
     return p.level - LIVE if is_live(p) else p.level
+
+
+def newest(packs: Sequence[PackRef]) -> tuple[PackRef, ...]:
+    """``packs`` less each history pack a live pack follows: those a cold read of the newest
+    state reads (every other pack: unsplit ones, the small newest ones, the live ones)."""
+    return tuple(p for i, p in enumerate(packs)
+                 if is_live(p) or i + 1 == len(packs) or not is_live(packs[i + 1]))
 
 
 def reached(head: Head, get: Get, recent: int = RECENT) -> set[ObjectId]:

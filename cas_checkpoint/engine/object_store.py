@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cas_checkpoint.backends import Backend, sealed
-from cas_checkpoint.engine import archive, encryption
+from cas_checkpoint.engine import archive, encryption, live
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
 from cas_checkpoint.engine.process_caches import Shared, for_store
@@ -234,9 +234,12 @@ class View:
     error of the first of them (it may be in there), never a plain "not found"."""
 
     def __init__(self, head: Head, packs: list[Pack], store: ObjectStore,
-                 unreadable: dict[str, CasError] | None = None, recent: bool = False) -> None:
+                 unreadable: dict[str, CasError] | None = None, recent: bool = False,
+                 newest: bool = False) -> None:
         self.head = head
-        self.recent = recent and head.archive is not None  # its archive's packs are not here
+        self.newest = newest  # the history packs a live pack follows are not here either
+        self.recent = (recent and head.archive is not None) or newest  # (some packs are not
+        # here: an object none of them holds raises InArchive)
         self.packs = packs
         self.store = store
         self.unreadable: dict[str, CasError] = unreadable or {}
@@ -275,8 +278,8 @@ class View:
             raise _again(next(iter(self.unreadable.values())))
         if self.recent:
             raise archive.InArchive(f"object {oid} is not in the newest packs of thread "
-                                    f"{self.head.thread_id!r}; read its archive too "
-                                    "(ObjectStore.view(head))")
+                                    f"{self.head.thread_id!r}; read its history and archive "
+                                    "too (ObjectStore.view(head))")
         raise NotFoundError(
             f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
             f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "
@@ -641,24 +644,31 @@ class ObjectStore:
             raise NeedPacks(need)
         return out
 
-    def view(self, head: Head, recent: bool = False) -> Step[View]:
+    def view(self, head: Head, recent: bool = False, newest: bool = False) -> Step[View]:
         """Reads of the objects ``head`` holds (its packs are fetched now, in one round; a
         long thread's archived packs in a second: ``archive.py``). A pack that is missing or
         damaged does not stop it: the view reads the others, and raises that pack's error
         for an object it cannot find in them (``View``). ``recent``: the head's own packs
         only (not its archive's), for reads of the newest state and log entries; such a view
         raises ``archive.InArchive`` (a NotFoundError) for an object it does not hold, and
-        the reader asks again for the whole view."""
+        the reader asks again for the whole view. ``newest``: ``recent``, less the history
+        packs that a live pack follows (``live.py``: what the head's newest entries reach is
+        in the others), for a cold read of the newest state; it raises ``InArchive`` too."""
+        recent = recent or newest
         with self._lock:
             last = self._views.get(head.thread_id)
-        if last is not None and last.head is head and (recent or not last.recent):
+        if last is not None and last.head is head and (
+                not last.recent or (recent and not last.newest) or newest):
             return last
         unreadable: dict[str, CasError] = {}
-        named = head.packs if recent else (yield from archive.named(self, head))
+        named = head.packs if recent or newest else (yield from archive.named(self, head))
+        if newest:
+            named = live.newest(named)
         got = (yield from self.packs([p.id for p in named], unreadable)) if named else {}
-        if head.archive is not None and not recent:
+        if head.archive is not None and not recent and not newest:
             named = tuple(p for p in named if p.id != head.archive.id)  # (the list alone)
-        view = View(head, [got[p.id] for p in named if p.id in got], self, unreadable, recent)
+        view = View(head, [got[p.id] for p in named if p.id in got], self, unreadable, recent,
+                    newest and len(named) < len(head.packs))
         with self._lock:  # one per thread, its newest: an older head's view would keep the
             self._views[head.thread_id] = view  # packs a merge replaced since alive
             self._views.move_to_end(head.thread_id)

@@ -81,8 +81,9 @@ class Steps:
                 ) -> Step[tuple[Head, Cursor] | None]:
         """The head of a store thread and a cursor over its log (``cursor.py``): the head this
         process last wrote or read when ``cached``, else the stored one; None when the thread
-        does not exist. ``recent``: over the head's own packs only (``RefStore.newest_first``:
-        reading into a long thread's archive raises ``InArchive``)."""
+        does not exist. ``recent``: over the packs that hold the head's newest entries and
+        what they reach (``ObjectStore.view(newest=True)``: reading past them, into a history
+        pack or a long thread's archive, raises ``InArchive``)."""
         known = self._core.known_ref(name) if cached else None
         if known is not None:
             head = known.head
@@ -91,7 +92,7 @@ class Steps:
                 head = (yield from self._core.ref(name)).head
             except NotFoundError:
                 return None
-        return head, Cursor((yield from self._core.refs.newest_first(head, recent)))
+        return head, Cursor((yield from self._core.refs.newest_first(head, recent, recent)))
 
     def _find(self, name: str, lg: str) -> Step[LogEntry | None]:
         """The entry of LangGraph checkpoint ``lg``: in the head this process last wrote (no
@@ -257,14 +258,14 @@ class Steps:
     def _load(self, name: str, head: Head | None, ids: list[CheckpointId], recent: bool = False
               ) -> Step[dict[CheckpointId, Any]]:
         """The states of these entries, from ``head`` (the one the caller read them in: no
-        second read of the ref; ``recent``: from its own packs first), else from the stored
-        ref; one ``head`` no longer holds (a merge and a gc since, or in its archive) is
-        loaded from the stored ref."""
+        second read of the ref; ``recent``: from the packs of its newest entries), else from
+        the stored ref; one ``head`` no longer holds (a merge and a gc since, or in a pack
+        ``recent`` leaves out) is loaded from the stored ref."""
         if not ids:
             return {}
         if head is not None:
             try:
-                view = yield from self._core.objects.view(head, recent)
+                view = yield from self._core.objects.view(head, recent, recent)
                 return {i: self._core.decode(view, i, name).state for i in dict.fromkeys(ids)}
             except NotFoundError:
                 pass
@@ -287,8 +288,9 @@ class Steps:
     def _get_tuple(self, config: RunnableConfig) -> Step[CheckpointTuple | None]:
         """The latest checkpoint (or the one ``checkpoint_id`` names) and its pending writes:
         the entries from the head back to it (``cursor.py``), its parent's entry, one load.
-        Read from the head's own packs; from its archive's too only when they do not hold it
-        (a long thread's old checkpoint: the archive is one more round on object storage)."""
+        Read from the packs of the head's newest entries (its live and newest packs); from
+        its history and archive too only when they do not hold it (an old checkpoint: one
+        more round on object storage)."""
         try:
             return (yield from self._get_tuple_in(config, recent=True))
         except InArchive:
