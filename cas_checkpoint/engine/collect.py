@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cas_checkpoint.engine.archive import ARCHIVE_LEVEL
+from cas_checkpoint.engine.live import is_live
 from cas_checkpoint.format.heads import Head, named
 from cas_checkpoint.format.objects import ObjectId
 
@@ -68,7 +69,7 @@ def replaced(old: Head, new: Head) -> list[ObjectId]:
     merge's part left to gc)."""
     gone = named(old) - named(new) - old.held - new.held
     if new.archive is not None and new.archive != old.archive:
-        gone -= {p.id for p in old.packs if p.level >= ARCHIVE_LEVEL}
+        gone -= {p.id for p in old.packs if not is_live(p) and p.level >= ARCHIVE_LEVEL}
     return sorted(gone)
 
 

@@ -210,6 +210,8 @@ class Core:
                 ref = yield from self.ref(thread_id)
             try:
                 return (yield from read(ref))
+            except InArchive:  # (not gone: the caller reads the head's archive next)
+                raise
             except NotFoundError:
                 latest = yield from self.refs.read(thread_id)
                 if latest is not None and latest.version == ref.version:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cas_checkpoint.backends import Backend, sealed
-from cas_checkpoint.engine import archive, encryption
+from cas_checkpoint.engine import archive, encryption, live
 from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
 from cas_checkpoint.engine.pack_folders import PREFIX as PREFIX  # (gc, verify)
@@ -98,6 +98,8 @@ class Pack:
     _all: dict[ObjectId, memoryview] | None = None
     known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
     stored: bytes | memoryview | None = None  # the compressed pack, while _data is None
+    plain: int = 0  # bytes counted for it while it is not decompressed, if more than stored
+    # (a pack read from storage: a read decompresses it, the cache's bound counts that)
 
     @property
     def data(self) -> memoryview:
@@ -109,7 +111,11 @@ class Pack:
                 got = self._data
                 assert got is not None
                 return got
-            got = self._data = open_pack(stored)[0]
+            try:
+                got = open_pack(stored)[0]
+            except FormatError as exc:
+                raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
+            self._data = got
             self.stored = None
         return got
 
@@ -119,7 +125,7 @@ class Pack:
         else its plain bytes (a compressed pack's are bigger than the stored pack)."""
         got, stored = self._data, self.stored
         if got is None and stored is not None:
-            return len(stored)
+            return max(len(stored), self.plain)
         return max(self.size, self.data.nbytes)
 
     def get(self, oid: str) -> bytes | None:
@@ -194,11 +200,12 @@ class Pack:
 
 
 def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
-               keys: sealing.Keyring | None = None) -> Pack:
+               keys: sealing.Keyring | None = None, lazy: bool = False) -> Pack:
     """A pack from its stored bytes: hashed against its name (unless this process just built
     it: ``trusted``), decrypted if it is encrypted (with ``keys``), then its index decoded. A
     key-less keyring gets an encrypted pack with an empty index (its name checked, nothing
-    else)."""
+    else). ``lazy``: a compressed body is decompressed (and checked) when an object is first
+    taken out of it (``Pack.data``: a FormatError naming the pack then), not now."""
     actual = pid if trusted else object_id(data)
     if actual != pid:
         raise IntegrityError(pid, actual, pack_key(pid))
@@ -208,6 +215,10 @@ def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
             return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
         data = sealing.open_sealed_pack(data, keys, pack_key(pid))
     try:
+        if lazy and len(data) > 5 and data[5] & ZSTD:  # its body decompressed when an
+            index, plain = pack_index(data)  # object of it is first taken out, not before
+            # (a cold read of a thread's newest state takes nothing from most of its packs)
+            return Pack(ObjectId(pid), size, None, index, stored=data, plain=plain)
         view, index = open_pack(data)
     except FormatError as exc:
         raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
@@ -221,9 +232,12 @@ class View:
     error of the first of them (it may be in there), never a plain "not found"."""
 
     def __init__(self, head: Head, packs: list[Pack], store: ObjectStore,
-                 unreadable: dict[str, CasError] | None = None, recent: bool = False) -> None:
+                 unreadable: dict[str, CasError] | None = None, recent: bool = False,
+                 newest: bool = False) -> None:
         self.head = head
-        self.recent = recent and head.archive is not None  # its archive's packs are not here
+        self.newest = newest  # the history packs a live pack follows are not here either
+        self.recent = (recent and head.archive is not None) or newest  # (some packs are not
+        # here: an object none of them holds raises InArchive)
         self.packs = packs
         self.store = store
         self.unreadable: dict[str, CasError] = unreadable or {}
@@ -262,8 +276,8 @@ class View:
             raise _again(next(iter(self.unreadable.values())))
         if self.recent:
             raise archive.InArchive(f"object {oid} is not in the newest packs of thread "
-                                    f"{self.head.thread_id!r}; read its archive too "
-                                    "(ObjectStore.view(head))")
+                                    f"{self.head.thread_id!r}; read its history and archive "
+                                    "too (ObjectStore.view(head))")
         raise NotFoundError(
             f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
             f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "
@@ -452,9 +466,10 @@ class ObjectStore:
         """The key new packs are sealed with (None: a plain store)."""
         return None if self.keyring is None else self.keyring.write_key()
 
-    def parse(self, pid: str, data: bytes, *, trusted: bool = False) -> Pack:
+    def parse(self, pid: str, data: bytes, *, trusted: bool = False, lazy: bool = False
+              ) -> Pack:
         """``parse_pack`` with this store's keys (remembering which key sealed the pack)."""
-        pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring)
+        pack = parse_pack(pid, data, trusted=trusted, keys=self.keyring, lazy=lazy)
         if self.keyring is not None and sealing.is_sealed_pack(data):
             self.sealed_by[pid] = bytes(data[6:14]).hex()
         return pack
@@ -491,7 +506,8 @@ class ObjectStore:
         except OSError:
             return None
         try:
-            pack = self.parse(pid, data)  # re-hashed: a damaged cache file is just a miss
+            pack = self.parse(pid, data, lazy=True)  # re-hashed: a damaged cache file is
+            # just a miss
         except (IntegrityError, FormatError):
             return None
         with self._lock:
@@ -562,10 +578,10 @@ class ObjectStore:
         (process_caches.py), or parsed (and hashed) now."""
         shared = self.shared
         if shared is None:
-            return self.parse(pid, data)
+            return self.parse(pid, data, lazy=True)
         pack: Pack | None = shared.pack(pid, data)
         if pack is None:
-            pack = self.parse(pid, data)
+            pack = self.parse(pid, data, lazy=True)
             shared.keep_pack(pid, data, pack)
         return pack
 
@@ -628,24 +644,31 @@ class ObjectStore:
             raise NeedPacks(need)
         return out
 
-    def view(self, head: Head, recent: bool = False) -> Step[View]:
+    def view(self, head: Head, recent: bool = False, newest: bool = False) -> Step[View]:
         """Reads of the objects ``head`` holds (its packs are fetched now, in one round; a
         long thread's archived packs in a second: ``archive.py``). A pack that is missing or
         damaged does not stop it: the view reads the others, and raises that pack's error
         for an object it cannot find in them (``View``). ``recent``: the head's own packs
         only (not its archive's), for reads of the newest state and log entries; such a view
         raises ``archive.InArchive`` (a NotFoundError) for an object it does not hold, and
-        the reader asks again for the whole view."""
+        the reader asks again for the whole view. ``newest``: ``recent``, less the history
+        packs that a live pack follows (``live.py``: what the head's newest entries reach is
+        in the others), for a cold read of the newest state; it raises ``InArchive`` too."""
+        recent = recent or newest
         with self._lock:
             last = self._views.get(head.thread_id)
-        if last is not None and last.head is head and (recent or not last.recent):
+        if last is not None and last.head is head and (
+                not last.recent or (recent and not last.newest) or newest):
             return last
         unreadable: dict[str, CasError] = {}
-        named = head.packs if recent else (yield from archive.named(self, head))
+        named = head.packs if recent or newest else (yield from archive.named(self, head))
+        if newest:
+            named = live.newest(named)
         got = (yield from self.packs([p.id for p in named], unreadable)) if named else {}
-        if head.archive is not None and not recent:
+        if head.archive is not None and not recent and not newest:
             named = tuple(p for p in named if p.id != head.archive.id)  # (the list alone)
-        view = View(head, [got[p.id] for p in named if p.id in got], self, unreadable, recent)
+        view = View(head, [got[p.id] for p in named if p.id in got], self, unreadable, recent,
+                    newest and len(named) < len(head.packs))
         with self._lock:  # one per thread, its newest: an older head's view would keep the
             self._views[head.thread_id] = view  # packs a merge replaced since alive
             self._views.move_to_end(head.thread_id)

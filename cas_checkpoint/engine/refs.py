@@ -296,12 +296,13 @@ class RefStore:
                     out.append(long_id)
         return out
 
-    def view(self, head: Head, recent: bool = False) -> Step[View | None]:
-        """The view a head's log needs (None when all of it is in the head); ``recent``:
-        ``ObjectStore.view``'s."""
+    def view(self, head: Head, recent: bool = False, newest: bool = False
+             ) -> Step[View | None]:
+        """The view a head's log needs (None when all of it is in the head); ``recent``,
+        ``newest``: ``ObjectStore.view``'s."""
         if not head.peaks:
             return None
-        view: View = yield from self.objects.view(head, recent)
+        view: View = yield from self.objects.view(head, recent, newest)
         return view
 
     def iter_newest_first(self, head: Head, view: View | None) -> Iterator[LogEntry]:
@@ -342,8 +343,12 @@ class RefStore:
             else:
                 stack.append((reversed(seg.children), seg.level))
 
-    def newest_first(self, head: Head) -> Step[Iterator[LogEntry]]:
-        view = yield from self.view(head)
+    def newest_first(self, head: Head, recent: bool = False, newest: bool = False
+                     ) -> Step[Iterator[LogEntry]]:
+        """The entries of ``head``'s log, newest first, read as they are reached (``recent``,
+        ``newest``: from some of the head's packs, ``view``'s; reading past them raises
+        ``InArchive``)."""
+        view = yield from self.view(head, recent, newest)
         return self.iter_newest_first(head, view)
 
     def missing(self, head: Head, new: dict[ObjectId, bytes]) -> Step[dict[ObjectId, bytes]]:

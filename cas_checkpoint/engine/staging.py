@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from cas_checkpoint.engine import live
 from cas_checkpoint.engine.archive import ARCHIVE_LEVEL, MAX_ARCHIVED, listing, of_pack
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.heads import Head, PackRef
@@ -24,6 +25,7 @@ def seal_pack(data: bytes, key: Key) -> bytes:
 INLINE_MAX = 4 * 1024  # bytes of objects a head may hold before they go to a pack
 MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
+SPLIT_LEVEL = 2  # a merge of this level or above keeps its live objects apart (live.py)
 FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
@@ -81,28 +83,40 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
     fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]] = {ref.id: inline}
     packs = list(head.packs) + [ref]
     while True:
-        top = packs[-MERGE_FACTOR:]
-        if len(top) == MERGE_FACTOR and len({p.level for p in top}) == 1:
-            start, end = len(packs) - MERGE_FACTOR, len(packs)
-        elif len(packs) > MAX_PACKS:
-            start, end = _cheapest_runs(packs)  # small packs: a cheap merge, never a big one
-        else:
+        span = _next_merge(packs)
+        if span is None:
             break
+        start, end = span
         group = packs[start:end]
-        level = max(p.level for p in group) + 1
-        parts = _read(group, fresh, read)
+        level = min(max(live.level(p) for p in group) + 1, live.LEGACY - live.LIVE - 1)
+        # a merge of archive level also takes the live packs of that level made before: the
+        # live objects stay among the head's packs, never in the archive
+        extra = [p for p in packs[:start] if live.is_live(p) and live.level(p) >= ARCHIVE_LEVEL
+                 ] if level >= ARCHIVE_LEVEL else []
+        parts = _read(extra + group, fresh, read)
         merged: dict[ObjectId, bytes | memoryview] = {}
-        for p in group:
+        for p in extra + group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        ref, data, plain = make_packs(merged, min(level, 63), compressor, sealer)
-        for p in group:
+        made: list[tuple[dict[ObjectId, bytes | memoryview], int]] = [(merged, level)]
+        if level >= SPLIT_LEVEL:
+            hot = _live(head, merged, packs[end:], fresh, read)
+            if hot and len(hot) < len(merged):  # (all live: one pack, of history's level,
+                # so that each history pack has at most one live pack after it)
+                made = [({k: v for k, v in merged.items() if k not in hot}, level),
+                        ({k: v for k, v in merged.items() if k in hot}, live.LIVE + level)]
+        for p in extra + group:
             written.pop(p.id, None)  # merged before it was ever written
             plains.pop(p.id, None)
-        written[ref.id] = data
-        plains[ref.id] = plain
-        fresh[ref.id] = merged
-        packs[start:end] = [ref]
+        refs = []
+        for objects, at in made:  # (after: a live part may come out the very pack it was)
+            ref, data, plain = make_packs(objects, at, compressor, sealer)
+            written[ref.id], plains[ref.id], fresh[ref.id] = data, plain, objects
+            refs.append(ref)
+        packs[start:end] = refs
+        if extra:
+            gone = {p.id for p in extra}
+            packs[:] = [p for p in packs if p.id not in gone]
     archive = head.archive
     if sealer is None and not isinstance(compressor, Sealing):  # (see archive.py)
         archive = _archive(packs, archive, fresh, read, written, plains, compressor)
@@ -120,7 +134,7 @@ def _archive(packs: list[PackRef], archive: PackRef | None,
     """Move every pack of ``ARCHIVE_LEVEL`` or above but the newest out of ``packs`` (in
     place) into a new archive (written, with its listing pack, into ``written``); returns the
     archive the head names (``archive``, when nothing moved)."""
-    top = [p for p in packs if p.level >= ARCHIVE_LEVEL]
+    top = [p for p in packs if not live.is_live(p) and p.level >= ARCHIVE_LEVEL]
     if len(top) < 2:
         return archive
     leaving = top[:-1]
@@ -147,6 +161,49 @@ def _inline_objects(objects: tuple[bytes, ...]) -> dict[ObjectId, bytes]:
     if got is not None and got[0] is objects:
         return dict(got[1])
     return {inline_id(d): d for d in objects}
+
+
+def _next_merge(packs: list[PackRef]) -> tuple[int, int] | None:
+    """(start, end) of the packs to merge next, or None. The rules see a live pack as part of
+    the history pack before it (live.py): the four newest of one level merge; a head of more
+    than ``MAX_PACKS`` merges its cheapest neighbours."""
+    units: list[tuple[int, int]] = []  # (start, end) of each history pack and its live packs
+    for i, p in enumerate(packs):
+        if units and live.is_live(p):
+            units[-1] = (units[-1][0], i + 1)
+        else:
+            units.append((i, i + 1))
+    joined = [PackRef(packs[a].id, live.level(packs[a]), sum(p.size for p in packs[a:b]),
+                      sum(p.count for p in packs[a:b])) for a, b in units]
+    top = joined[-MERGE_FACTOR:]
+    if len(top) == MERGE_FACTOR and len({p.level for p in top}) == 1:
+        return units[-MERGE_FACTOR][0], len(packs)
+    if len(joined) > MAX_PACKS:
+        a, b = _cheapest_runs(joined)
+        return units[a][0], units[b - 1][1]
+    return None
+
+
+def _live(head: Head, merged: Mapping[ObjectId, bytes | memoryview], after: list[PackRef],
+          fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]], read: PackReader
+          ) -> set[ObjectId]:
+    """The objects of ``merged`` that ``head``'s newest entries reach (``live.reached``),
+    walking through them, the packs ``after`` them and the head's inline objects."""
+    at_hand: list[Mapping[ObjectId, bytes | memoryview]] = [merged]
+    if after:
+        got = _read(after, fresh, read)
+        at_hand += [got[p.id] for p in after]
+    inline = _inline_objects(head.inline) if head.inline else {}
+    at_hand.append(inline)
+
+    def get(oid: ObjectId) -> bytes | memoryview | None:
+        for objects in at_hand:
+            data = objects.get(oid)
+            if data is not None:
+                return data
+        return None
+
+    return live.reached(head, get) & merged.keys()
 
 
 def _runs(packs: list[PackRef]) -> list[tuple[int, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cas_checkpoint.engine import live
 from cas_checkpoint.engine.object_store import View
 from cas_checkpoint.engine.refs import Ref, RefStore, new_lineage
 from cas_checkpoint.engine.staging import make_pack
@@ -113,7 +114,7 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
         report = ThreadRepack(thread_id, len(head.packs), before, after, False)
         if not head.packs or before == 0 or (before - after) / before < min_garbage:
             return report
-        level = max(p.level for p in head.packs)
+        level = max(live.level(p) for p in head.packs)  # (one pack: history, not live)
         old = tuple(p.id for p in head.packs)
         if dry_run:  # the pack a run would write (its id and size), built and not written
             compressor = yield from refs.objects.would_settle()

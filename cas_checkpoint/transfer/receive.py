@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cas_checkpoint.backends import ObjectInfo
+from cas_checkpoint.engine import live
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.object_store import pack_key
 from cas_checkpoint.engine.refs import Ref, build, new_lineage, thread_key
@@ -409,7 +410,8 @@ def receive(core: Core, source: Source, as_thread: str | None = None,
         base_packs.clear()
         base_packs.update(names)
         added = [p for p in [*used.values(), *new_packs] if p.id not in names]
-        added.sort(key=lambda p: -p.level)  # (stable) levels never increase along the list
+        added.sort(key=lambda p: -live.level(p))  # (stable) levels never increase along the
+        # list; a live pack stays after its history pack (live.py)
         packs = (*base.packs, *added)
         segs: dict[ObjectId, bytes] = {}
         head = build(Head(target, None, packs=packs, inline=base.inline,

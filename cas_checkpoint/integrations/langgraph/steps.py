@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
+from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.commit import Part
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
@@ -77,10 +78,13 @@ class Steps:
         return [e for e in (every if every is not None else (yield from self._all(name)))
                 if "lg" in e.metadata]
 
-    def _cursor(self, name: str, cached: bool = False) -> Step[tuple[Head, Cursor] | None]:
+    def _cursor(self, name: str, cached: bool = False, recent: bool = False
+                ) -> Step[tuple[Head, Cursor] | None]:
         """The head of a store thread and a cursor over its log (``cursor.py``): the head this
         process last wrote or read when ``cached``, else the stored one; None when the thread
-        does not exist."""
+        does not exist. ``recent``: over the packs that hold the head's newest entries and
+        what they reach (``ObjectStore.view(newest=True)``: reading past them, into a history
+        pack or a long thread's archive, raises ``InArchive``)."""
         known = self._core.known_ref(name) if cached else None
         if known is not None:
             head = known.head
@@ -89,7 +93,7 @@ class Steps:
                 head = (yield from self._core.ref(name)).head
             except NotFoundError:
                 return None
-        return head, Cursor((yield from self._core.refs.newest_first(head)))
+        return head, Cursor((yield from self._core.refs.newest_first(head, recent, recent)))
 
     def _find(self, name: str, lg: str) -> Step[LogEntry | None]:
         """The entry of LangGraph checkpoint ``lg``: in the head this process last wrote (no
@@ -228,7 +232,8 @@ class Steps:
 
     def _writes(self, thread_id: str, ns: str, cids: set[str] | None,
                 every: Sequence[CheckpointInfo | LogEntry] | None = None,
-                head: Head | None = None) -> Step[dict[str, list[PendingWrite]]]:
+                head: Head | None = None, recent: bool = False
+                ) -> Step[dict[str, list[PendingWrite]]]:
         """Pending writes per LangGraph checkpoint id (of ``cids``, or all), deduplicated as
         LangGraph's savers do and in ``writes_sort_key`` order (found in ``every``, the
         thread's entries newest first, when the caller read them already: a long log is read
@@ -238,7 +243,7 @@ class Steps:
         wanted = [e for e in reversed(entries)
                   if "w" in e.metadata and (cids is None or str(e.metadata["w"]) in cids)]
         per: dict[str, dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
-        loaded = yield from self._load(name, head, [e.id for e in wanted])
+        loaded = yield from self._load(name, head, [e.id for e in wanted], recent)
         for entry in wanted:  # oldest first
             state, target = loaded[entry.id], str(entry.metadata["w"])
             got = per.setdefault(target, {})
@@ -251,16 +256,17 @@ class Steps:
             got.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))]
             for cp, got in per.items()}
 
-    def _load(self, name: str, head: Head | None, ids: list[CheckpointId]
+    def _load(self, name: str, head: Head | None, ids: list[CheckpointId], recent: bool = False
               ) -> Step[dict[CheckpointId, Any]]:
         """The states of these entries, from ``head`` (the one the caller read them in: no
-        second read of the ref), else from the stored ref; one ``head`` no longer holds (a
-        merge and a gc since) is loaded from the stored ref."""
+        second read of the ref; ``recent``: from the packs of its newest entries), else from
+        the stored ref; one ``head`` no longer holds (a merge and a gc since, or in a pack
+        ``recent`` leaves out) is loaded from the stored ref."""
         if not ids:
             return {}
         if head is not None:
             try:
-                view = yield from self._core.objects.view(head)
+                view = yield from self._core.objects.view(head, recent, recent)
                 return {i: self._core.decode(view, i, name).state for i in dict.fromkeys(ids)}
             except NotFoundError:
                 pass
@@ -282,7 +288,17 @@ class Steps:
 
     def _get_tuple(self, config: RunnableConfig) -> Step[CheckpointTuple | None]:
         """The latest checkpoint (or the one ``checkpoint_id`` names) and its pending writes:
-        the entries from the head back to it (``cursor.py``), its parent's entry, one load."""
+        the entries from the head back to it (``cursor.py``), its parent's entry, one load.
+        Read from the packs of the head's newest entries (its live and newest packs); from
+        its history and archive too only when they do not hold it (an old checkpoint: one
+        more round on object storage)."""
+        try:
+            return (yield from self._get_tuple_in(config, recent=True))
+        except InArchive:
+            return (yield from self._get_tuple_in(config, recent=False))
+
+    def _get_tuple_in(self, config: RunnableConfig, recent: bool
+                      ) -> Step[CheckpointTuple | None]:
         thread_id, ns = _target(config)
         cid = get_checkpoint_id(config)
         name = _key(thread_id, ns)
@@ -292,21 +308,21 @@ class Steps:
             return None
 
         def read(ref: Ref) -> Step[CheckpointTuple | None]:  # (again on a newer ref when a
-            return (yield from self._tuple_at(thread_id, ns, cid, ref.head))  # pack went)
+            return (yield from self._tuple_at(thread_id, ns, cid, ref.head, recent))  # pack
 
-        return (yield from self._core.at_ref(name, read, ref))
+        return (yield from self._core.at_ref(name, read, ref))  # went)
 
-    def _tuple_at(self, thread_id: str, ns: str, cid: str | None, head: Head
+    def _tuple_at(self, thread_id: str, ns: str, cid: str | None, head: Head, recent: bool
                   ) -> Step[CheckpointTuple | None]:
         name = _key(thread_id, ns)
-        cursor = Cursor((yield from self._core.refs.newest_first(head)))
+        cursor = Cursor((yield from self._core.refs.newest_first(head, recent, recent)))
         info = cursor.latest() if cid is None else cursor.find(cid)
         if info is None:
             return None
         lg = str(info.metadata["lg"])
         cursor.reach([info])
-        writes = yield from self._writes(thread_id, ns, {lg}, cursor.writes({lg}), head)
-        loaded = yield from self._load(name, head, [info.id])
+        writes = yield from self._writes(thread_id, ns, {lg}, cursor.writes({lg}), head, recent)
+        loaded = yield from self._load(name, head, [info.id], recent)
         self._encoder.loaded(thread_id, ns, info.id, loaded[info.id])
         return self._tuple(thread_id, ns, info, loaded[info.id], writes.get(lg, []), cursor)
 
