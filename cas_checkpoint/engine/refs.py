@@ -435,6 +435,7 @@ class RefStore:
         expected_head: CheckpointId | None | object = ...,
         current: Ref | None | object = ...,
         done: Callable[[Ref], Step[bool]] | None = None,
+        collect: bool = True,
     ) -> Step[Ref | None]:
         """Compare-and-swap loop. ``change`` maps the current ref to a new head (None deletes
         the ref) and the new segments it needs (a step: it may read); it is run again after a
@@ -447,8 +448,10 @@ class RefStore:
         moved meanwhile (a repack and a gc since: nothing is damaged), and raises only when the
         ref as it is now names it. The new objects go inline
         into the head or into packs (``packing.stage``), written before the ref that names
-        them. Returns the ref written (or the one found holding the change), or None when it
-        was deleted."""
+        them. ``collect=False``: this commit deletes none of the packs earlier commits stopped
+        naming (gc's repack: gc deletes what no ref names, and its dry run predicts that only
+        while nothing else deletes meanwhile). Returns the ref written (or the one found
+        holding the change), or None when it was deleted."""
         key = thread_key(thread_id)
         fresh = current is ...
         ref = (yield from self.read(thread_id)) if fresh else current
@@ -499,7 +502,7 @@ class RefStore:
                 self.collector.committed(ref.head if ref else None, new_head,
                                          self.collect_after)
                 ripe = self.collector.ripe(self.collect_after, thread_id,
-                                             self.collect_commits)
+                                             self.collect_commits) if collect else []
                 if ripe:  # packs commits stopped naming a grace period ago: collect.py
                     yield from self._delete_packs(ripe)
                 return Ref(new_head, version)

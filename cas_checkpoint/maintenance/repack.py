@@ -134,7 +134,7 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
             yield  # pragma: no cover - a step
 
         try:
-            yield from refs.update(thread_id, change, current=ref)
+            yield from refs.update(thread_id, change, current=ref, collect=False)  # (gc's)
         except _Moved:
             continue  # a save landed meanwhile: look again
         return ThreadRepack(thread_id, len(head.packs), before, after, True, pack, old)
