@@ -54,7 +54,6 @@ PARTS = "gc-parts"
 FORMAT = 1  # the single-object summary (read, never written)
 ID_BYTES = 32
 RACY = 2.0  # seconds: a ref modified this close to the run that recorded it is read again
-MAX_BYTES = 1 << 30  # a summary (decompressed) larger than this is ignored
 AUDIT_MIN = 32  # entries re-read each run to check the summary, at least...
 AUDIT_SHARE = 1000  # ...or one in this many
 
@@ -129,17 +128,10 @@ def encode(taken: float, refs: dict[str, Entry]) -> bytes:
 
 def decode(key: str, data: bytes) -> Summary:
     """A summary's bytes, checked; FormatError for anything that is not one gc wrote."""
-    if key != key_of(data):
+    if key != key_of(data):  # (in FOLDER, and hashing to its name)
         raise FormatError(f"{key} does not hash to its name")
-    try:
-        inflate = zlib.decompressobj()
-        raw = inflate.decompress(data, MAX_BYTES)
-        if inflate.unconsumed_tail or not inflate.eof:
-            raise ValueError(f"larger than {MAX_BYTES} bytes, or cut short")
-        got = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
-    except (zlib.error, ValueError, msgpack.UnpackException) as exc:
-        raise FormatError(f"{key} is not a gc summary: {exc}") from None
-    if not isinstance(got, dict) or got.get("v") != FORMAT:
+    got = summary_parts.unpack(key, data, "gc summary")
+    if got.get("v") != FORMAT:
         raise FormatError(f"{key} is not a gc summary of format {FORMAT}")
     taken, packs, rows = got.get("taken"), got.get("packs"), got.get("refs")
     if (not isinstance(taken, float) or not isinstance(packs, list)

@@ -53,15 +53,8 @@ def encode(taken: float, refs: dict[str, Facts]) -> bytes:
 def decode(key: str, data: bytes) -> tuple[float, dict[str, Facts]]:
     if key != f"{FOLDER}/{ref_summary.key_of(data).rsplit('/', 1)[1]}":
         raise FormatError(f"{key} does not hash to its name")
-    try:
-        inflate = zlib.decompressobj()
-        raw = inflate.decompress(data, ref_summary.MAX_BYTES)
-        if inflate.unconsumed_tail or not inflate.eof:
-            raise ValueError("too large, or cut short")
-        got = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except (zlib.error, ValueError, msgpack.UnpackException) as exc:
-        raise FormatError(f"{key} is not a stats summary: {exc}") from None
-    if not isinstance(got, dict) or got.get("v") != FORMAT or not isinstance(
+    got = summary_parts.unpack(key, data, "stats summary")
+    if got.get("v") != FORMAT or not isinstance(
             got.get("taken"), float) or not isinstance(got.get("refs"), list):
         raise FormatError(f"{key} is not a stats summary of format {FORMAT}")
     out = {}
