@@ -390,7 +390,12 @@ def test_requests_a_page_makes_on_storage(kind: str, request: pytest.FixtureRequ
     assert got["threads"] == {"list": 1, "read_ref": 10}, got  # 5 rows: history + count each
     # the thread's own ref (history, count, head: 3), then each other thread's (fork links: 4)
     assert got["history"].get("read_ref", 0) == 7 and got["history"].get("list", 0) <= 1, got
-    assert got["history"].get("get", 0) <= 4, got
+    # each of the head's packs at most once (a merge of level 2 or more writes a live pack
+    # beside its history pack: 7 packs here, 4 before live packs)
+    from cas_checkpoint.engine.steps import run
+
+    packs = len(run(store._core.ref("long"), store.backend).head.packs)  # noqa: SLF001
+    assert got["history"].get("get", 0) <= packs <= 8, (packs, got)
     # its ref read by each read_part: the root, then the last 50 messages (the packs are
     # the store object's already)
     assert got["checkpoint"] == {"read_ref": 2}, got
