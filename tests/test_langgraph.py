@@ -909,3 +909,31 @@ def test_storage_with_zstd_meets_the_3x_target(tmp_path: Path) -> None:
           f"({after_gc / final:.2f}x; {after_gc / packed_final:.2f}x the final state compressed "
           f"alone, {packed_final} bytes)")
     assert after_gc <= 3 * final, f"{after_gc} bytes stored for a {final}-byte final state"
+
+
+def test_a_damaged_thread_is_not_pruned_as_if_it_were_empty(tmp_path: Path) -> None:
+    """A namespace whose ref names packs that are gone is damaged, not empty: prune and
+    delete_for_runs raise a CasError instead of reading it as a thread without checkpoints."""
+    url = str(tmp_path / "s")
+    saver = CasSaver.from_url(url)
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="".join(random.choices(string.ascii_letters,
+                                                                      k=3000)))]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("m", node)
+    graph.add_edge(START, "m")
+    app = graph.compile(checkpointer=saver)
+    cfg: RunnableConfig = {"configurable": {"thread_id": "t"}}
+    for i in range(40):
+        app.invoke({"messages": [HumanMessage(content=f"q{i}")]}, cfg)
+    packs = [p for p in (tmp_path / "s" / "packs").rglob("*") if p.is_file()]
+    assert packs
+    for p in packs:
+        p.unlink()
+    fresh = CasSaver.from_url(url)
+    with pytest.raises(CasError):
+        fresh.prune(["t"], strategy="keep_latest")
+    with pytest.raises(CasError):
+        fresh.delete_for_runs(["no-such-run"])

@@ -64,11 +64,14 @@ class Steps:
         raise NotImplementedError
 
     def _all(self, name: str) -> Step[list[CheckpointInfo]]:
-        """A store thread's entries (metadata only), newest first; [] if it does not exist."""
+        """A store thread's entries (metadata only), newest first; [] if it does not exist.
+        A thread whose ref names what is missing raises (it is damaged, not empty)."""
         try:
             got: list[CheckpointInfo] = yield from self._core.history(name)
         except NotFoundError:
-            return []
+            if (yield from self._core.refs.read(name)) is None:
+                return []  # (no such thread)
+            raise
         return got
 
     def _entries(self, name: str, every: list[CheckpointInfo] | None = None
