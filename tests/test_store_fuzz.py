@@ -313,3 +313,15 @@ def test_segment_dag_bomb_does_not_explode(fanout: int) -> None:
             call()
         except CasError:
             pass
+
+
+def test_a_ref_damaged_into_the_sealed_magic_is_reported_not_raised() -> None:
+    """A plain store's ref whose bytes came to begin ``CASE`` (one flipped byte: the head
+    magic's kind ``H`` to ``E``) is a damaged ref in verify's report, not an error telling
+    to open the store with a key (found by test_damaged_bytes_never_come_back_as_state)."""
+    key = "refs/heads/me"
+    store = _copy()
+    data = FILES[key]
+    _put(store, key, data[:3] + b"E" + data[4:])
+    report = store.verify(deep=True)
+    assert any(p.path.startswith(key) for p in report.problems), report.to_text()

@@ -191,6 +191,12 @@ class _Audit:
             except FormatError as exc:
                 self.problem("undecodable", "ref", None, key, str(exc), want)
                 continue
+            except InvalidArgumentError:  # sealed-head bytes in a store that has no key
+                if self.keys is not None:
+                    raise
+                self.problem("undecodable", "ref", None, key, "its bytes begin as a sealed "
+                             "(encrypted) ref's, in a store created without a key", want)
+                continue
             if self.keys is not None and self.keys.keyless:
                 pass  # a key-less audit cannot read whose thread a sealed ref is
             elif not verify_checks.belongs(head.thread_id, key, self.backend):
