@@ -20,7 +20,7 @@ Who may still need such a pack, and why deleting it then is safe:
   ``COMMITS`` later commits are at least ``COMMITS`` compare-and-swaps, each a round trip to
   the storage (an fdatasync on local disk), while a reader needs two rounds (the ref, then
   its packs) whatever the storage; a reader slower than that, or than ``grace`` seconds, tries
-  again on the newer head (up to ``core.LOAD_RETRIES`` times, then a ``StorageError`` that
+  again on the newer head (up to ``locate.LOAD_RETRIES`` times, then a ``StorageError`` that
   says to read again). Only intervals on the writer's own clock and its own commits are
   counted, so clocks of other machines do not matter.
 * **another writer of the thread** that read H and merges its packs: its compare-and-swap

@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine import commit as group
-from cas_checkpoint.engine import model, retention, seek, settings
+from cas_checkpoint.engine import locate, model, retention, seek, settings
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.caches import Known, Remembered, Threads
+from cas_checkpoint.engine.locate import LOAD_RETRIES
 from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
 from cas_checkpoint.engine.object_store import ObjectStore, View
 from cas_checkpoint.engine.refs import Change, Ref, RefStore, build, new_lineage, thread_key
@@ -43,8 +44,6 @@ log.addHandler(logging.NullHandler())
 
 UNSET: Any = ...
 CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (pack_cache.py)
-LOAD_RETRIES = 8  # a read whose packs a merge replaced and a writer deleted meanwhile
-# re-reads the ref (``Core.at_ref``): it finds a newer state each time
 _T = TypeVar("_T")
 
 
@@ -286,51 +285,12 @@ class Core:
 
     def get(self, checkpoint_id: CheckpointId) -> Step[Checkpoint]:
         cid = check_id(checkpoint_id)
-        view = (yield from self.locate([cid]))[cid]
-        return self.decode(view, cid, None)
 
-    def locate(self, checkpoint_ids: list[CheckpointId]) -> Step[dict[CheckpointId, View]]:
-        """A view holding each checkpoint, whatever its thread (a thread whose log names it,
-        else one that still holds its objects); NotFoundError if none does. (``get``; also
-        ``diff.py``, which reads the nodes of two checkpoints through these views.)"""
-        wanted = set(checkpoint_ids)
-        out: dict[CheckpointId, View] = {}
-        heads = [r.head for _, r in (yield from self.all_refs()) if r is not None]
-        views: list[View] = []
-        damage: IntegrityError | FormatError | NotFoundError | None = None  # (another thread's
-        # damaged log does not hide the others)
-        read: list[tuple[Head, View]] = []
-        for head in heads:  # first by each record's step (seek.py: O(log n) a log)
-            if head.head is None:
-                continue
-            view = yield from self.objects.view(head)
-            views.append(view)
-            read.append((head, view))
-            for cid in wanted - out.keys():
-                step = seek.step_of(view, cid)
-                if step is not None and seek.find(head, view, cid, step) is not None:
-                    out[cid] = view
-            if len(out) == len(wanted):
-                return out
-        for head, view in read:  # then the logs, newest entry first
-            try:
-                for e in self.refs.iter_newest_first(head, view):
-                    if e.id in wanted and e.id not in out:
-                        out[e.id] = view
-                        if len(out) == len(wanted):
-                            return out
-            except (IntegrityError, FormatError, NotFoundError) as exc:
-                damage = damage or exc
-        for view in views:  # rewound or pruned out of every log: its objects stay until repacked
-            for cid in wanted - out.keys():
-                if cid in view.frozen_ids():
-                    out[cid] = view
-        for cid in checkpoint_ids:
-            if cid not in out:
-                if damage is not None:  # it may be in a log that could not be read
-                    raise damage
-                raise NotFoundError(f"checkpoint {cid} does not exist in {self.url}")
-        return out
+        def read(refs: locate.Refs) -> Step[Checkpoint]:
+            view = (yield from locate.locate(self, [cid], refs))[cid]
+            return self.decode(view, cid, None)
+
+        return (yield from locate.across_refs(self, read))
 
     def all_refs(self) -> Step[list[tuple[str, Ref | None]]]:
         """Every thread and its ref (read concurrently)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from cas_checkpoint.engine import locate
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo, check_id
 from cas_checkpoint.engine.object_store import View
@@ -115,7 +116,15 @@ class _Counts:
 def diff(core: Core, a_id: CheckpointId, b_id: CheckpointId) -> Step[StateDiff]:
     """The step behind ``CheckpointStore.diff``: checkpoints found as ``get`` finds them."""
     ids = [check_id(a_id, "a_id"), check_id(b_id, "b_id")]
-    views = yield from core.locate(ids)
+
+    def read(refs: locate.Refs) -> Step[StateDiff]:
+        views = yield from locate.locate(core, ids, refs)
+        return _diff(core, ids, views)
+
+    return (yield from locate.across_refs(core, read))
+
+
+def _diff(core: Core, ids: list[CheckpointId], views: dict[CheckpointId, View]) -> StateDiff:
     records = [Record.decode(views[c].get(c)) for c in ids]
     tally = Tally(budget_for([r.size for r in records]))
     readers = (Reader(node_getter(views[ids[0]], records[0]), core.types, tally),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cas_checkpoint.engine import locate
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import check_id
 from cas_checkpoint.engine.steps import Step
@@ -120,11 +121,18 @@ def search(core: Core, query: str, *, regex: bool = False, thread_id: str | None
     limit = _check_limit(limit)
     if progress is not None and not callable(progress):
         raise InvalidArgumentError("progress must be a callable progress(done, total) or None")
-    if thread_id is None:
-        pairs = [(t, r.head) for t, r in (yield from core.all_refs())
-                 if r is not None and r.head.head is not None]
-    else:
-        pairs = [(thread_id, (yield from core.ref(thread_id)).head)]
+    searcher = Searcher(pattern, limit if limit is not None else MAX_MATCHES, core.types)
+    if thread_id is not None:  # (each retried when a writer deleted what it read: locate.py)
+        return (yield from core.at_ref(thread_id, lambda ref: _search(
+            core, searcher, [(thread_id, ref.head)], all_history, checkpoint_id, progress)))
+    return (yield from locate.across_refs(core, lambda refs: _search(
+        core, searcher, [(t, r.head) for t, r in refs if r is not None and r.head.head is not None],
+        all_history, checkpoint_id, progress)))
+
+
+def _search(core: Core, searcher: Searcher, pairs: list[tuple[str, Head]], all_history: bool,
+            checkpoint_id: CheckpointId | None, progress: Progress | None
+            ) -> Step[SearchResult]:
     jobs: list[tuple[str, Head, CheckpointId]] = []
     if all_history:  # a checkpoint that forked threads share is searched once, in the first
         seen: set[str] = set()
@@ -144,8 +152,7 @@ def search(core: Core, query: str, *, regex: bool = False, thread_id: str | None
         jobs = [(t, head, cid)]
     else:
         jobs = [(t, head, head.head) for t, head in pairs if head.head is not None]
-    cap = limit if limit is not None else MAX_MATCHES
-    searcher = Searcher(pattern, cap, core.types)
+    cap = searcher.cap
     out: list[Match] = []
     truncated = False
     searched = 0
