@@ -158,9 +158,9 @@ class _Collector:
         self.listed: dict[str, ObjectInfo] = {}
         self.summary: ref_summary.Summary | None = None
         self.trusted: dict[str, ref_summary.Entry] = {}  # the entries used instead of a read
-        # a dry run after a dry-run repack: thread -> (the packs its head names, the new pack
+        # a dry run after a dry-run repack: thread -> (the packs its head names, the new packs
         # that a run would name instead); and the new packs marked so far (id -> size)
-        self.swaps = {t.thread_id: (frozenset(t.old_packs), t.new_pack) for t in (
+        self.swaps = {t.thread_id: (frozenset(t.old_packs), t.new_packs) for t in (
             repacked.threads if repacked is not None else ()) if t.new_pack is not None}
         self.new_packs: dict[str, int] = {}
         # archive pack id -> the packs it lists (read once a run); long threads' refs read
@@ -298,8 +298,9 @@ class _Collector:
             names = self.names(head)  # (a long thread's: its archive and the packs it lists)
             swap = self.swaps.get(head.thread_id)
             if swap is not None and swap[0] == names:  # (a head that moved since: as it is)
-                self.marked.add(swap[1].id)
-                self.new_packs[swap[1].id] = swap[1].size
+                for pack in swap[1]:
+                    self.marked.add(pack.id)
+                    self.new_packs[pack.id] = pack.size
             else:
                 self.marked.update(names)
         self.progress("mark", len(heads), len(heads))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from cas_checkpoint.engine import live
 from cas_checkpoint.engine.object_store import View
 from cas_checkpoint.engine.refs import Ref, RefStore, new_lineage
-from cas_checkpoint.engine.staging import make_pack
+from cas_checkpoint.engine.staging import SPLIT_LEVEL, make_pack
 from cas_checkpoint.engine.steps import Step
 from cas_checkpoint.errors import InvalidArgumentError, StorageError
 from cas_checkpoint.format.heads import Head, PackRef
@@ -26,9 +26,16 @@ class ThreadRepack:
     bytes_before: int  # of the objects in its packs
     bytes_after: int  # of the objects its checkpoints reach
     repacked: bool
-    # the pack that replaces its packs (with dry_run: the one it would write), and those packs
+    # the pack that replaces its packs (with dry_run: the one it would write), and those packs;
+    # the live pack written after it, if any (what the newest entries reach: live.py)
     new_pack: PackRef | None = None
     old_packs: tuple[ObjectId, ...] = ()
+    more_packs: tuple[PackRef, ...] = ()
+
+    @property
+    def new_packs(self) -> tuple[PackRef, ...]:
+        """Every pack that replaces its packs (none: not repacked)."""
+        return () if self.new_pack is None else (self.new_pack, *self.more_packs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,22 +121,25 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
         report = ThreadRepack(thread_id, len(head.packs), before, after, False)
         if not head.packs or before == 0 or (before - after) / before < min_garbage:
             return report
-        level = max(live.level(p) for p in head.packs)  # (one pack: history, not live)
+        level = max(live.level(p) for p in head.packs)  # (history, not live: its own level)
         old = tuple(p.id for p in head.packs)
-        if dry_run:  # the pack a run would write (its id and size), built and not written
+        parts = split(head, kept, level)
+        if dry_run:  # the packs a run would write (their ids and sizes), built and not written
             compressor = yield from refs.objects.would_settle()
-            pack, _ = make_pack(kept, level, compressor)
-            return ThreadRepack(thread_id, len(head.packs), before, after, False, pack, old)
+            made = tuple(make_pack(objects, at, compressor)[0] for objects, at in parts)
+            return ThreadRepack(thread_id, len(head.packs), before, after, False, made[0], old,
+                                made[1:])
         compressor = yield from refs.objects.settle()
-        pack, data = make_pack(kept, level, compressor)
-        yield from refs.objects.put_packs({pack.id: data})  # the pack, then the ref naming it
+        built = [make_pack(objects, at, compressor) for objects, at in parts]
+        made = tuple(pack for pack, _ in built)
+        yield from refs.objects.put_packs({p.id: data for p, data in built})  # then the ref
 
-        def change(cur: Ref | None, ref: Ref = ref, pack: PackRef = pack
+        def change(cur: Ref | None, ref: Ref = ref, made: tuple[PackRef, ...] = made
                    ) -> Step[tuple[Head | None, dict[ObjectId, bytes]]]:
             if cur is None or cur.version != ref.version:
                 raise _Moved
             h = cur.head
-            return Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, (pack,), h.inline,
+            return Head(h.thread_id, h.head, h.head_step, h.peaks, h.tail, made, h.inline,
                         new_lineage()), {}
             yield  # pragma: no cover - a step
 
@@ -137,9 +147,25 @@ def repack_thread(refs: RefStore, thread_id: str, *, min_garbage: float,
             yield from refs.update(thread_id, change, current=ref, collect=False)  # (gc's)
         except _Moved:
             continue  # a save landed meanwhile: look again
-        return ThreadRepack(thread_id, len(head.packs), before, after, True, pack, old)
+        return ThreadRepack(thread_id, len(head.packs), before, after, True, made[0], old,
+                            made[1:])
     raise StorageError(f"thread {thread_id!r}: gave up repacking after {ATTEMPTS} attempts; it "
                        "is being written to constantly. Retry when it is quieter.")
+
+
+def split(head: Head, kept: dict[ObjectId, bytes], level: int
+          ) -> list[tuple[dict[ObjectId, bytes], int]]:
+    """The packs a repack writes, as a merge of ``level`` would (``staging.stage``): what the
+    head's newest entries reach in a live pack after the history pack, so that a cold read of
+    the newest state right after a repack decompresses that, not the whole thread; one pack
+    when the thread is small (below ``SPLIT_LEVEL``) or all of it is live."""
+    if level < SPLIT_LEVEL:
+        return [(kept, level)]
+    hot = live.reached(head, kept.get) & kept.keys()
+    if not hot or len(hot) == len(kept):
+        return [(kept, level)]
+    return [({k: v for k, v in kept.items() if k not in hot}, level),
+            ({k: v for k, v in kept.items() if k in hot}, live.LIVE + level)]
 
 
 class _Moved(Exception):
