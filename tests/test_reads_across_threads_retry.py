@@ -92,3 +92,22 @@ def test_a_ref_that_still_names_what_is_gone_is_damage(moved: Any) -> None:
     reader = CheckpointStore.open(store.url)
     with pytest.raises(NotFoundError):
         reader.get(ids[19])
+
+
+@pytest.mark.parametrize("how", ["export", "copy"])
+def test_export_and_copy_read_the_ref_again(moved: Any, tmp_path: Any, how: str) -> None:
+    """A bundle export and a copy between stores read the thread's ref, log and packs in one
+    retried read (``Core.at_ref``). Old code: NotFoundError (a pack of thread "t" is
+    missing)."""
+    from cas_checkpoint import copy_threads
+
+    store, old, _ids = moved
+    reader = _reader(store, old)
+    other = CheckpointStore.open(str(tmp_path / "other"))
+    if how == "export":
+        reader.export_thread("t", str(tmp_path / "t.bundle"))
+        other.import_bundle(str(tmp_path / "t.bundle"))
+    else:
+        copy_threads(reader, other, ["t"])
+    assert other.load("t").state["step"] == 39
+    assert len(other.history("t")) == 40

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from cas_checkpoint.backends import Backend
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.object_store import View
-from cas_checkpoint.engine.refs import thread_key
+from cas_checkpoint.engine.refs import Ref, thread_key
 from cas_checkpoint.engine.steps import Op, Step
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.heads import Head
@@ -90,10 +90,19 @@ class ThreadSource:
         return (yield from on(self.via, step))
 
     def header(self) -> Step[Header]:
-        ref = yield from self._step(self.core.ref(self.thread_id))
-        head = self._head = ref.head
+        """The thread's ref, its log and its packs, read together: when a pack is gone and the
+        ref moved meanwhile (its writer's merges: ``collect.py``), read again from the ref
+        (``Core.at_ref``); every object the walk and the copy take is then in memory."""
+
+        def read(ref: Ref) -> Step[tuple[Head, list[LogEntry], View]]:
+            entries = yield from self.core.refs.entries(ref.head)
+            view = yield from self.core.objects.view(ref.head)
+            return ref.head, entries, view.whole()  # (a pack missing or damaged: raises)
+
+        head, self._entries, self._view = yield from self._step(
+            self.core.at_ref(self.thread_id, read))
+        self._head = head
         assert head.head is not None
-        self._entries = yield from self._step(self.core.refs.entries(head))
         return Header(self.thread_id, head.head, head.head_step, len(self._entries), None, None)
 
     def entries(self) -> Step[list[LogEntry]]:
