@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import sys
 import threading
@@ -145,9 +146,16 @@ def _stored(owner: Any, attr: str) -> Any:
     property: a compiled graph's ``input_schema`` and ``output_schema`` build a new pydantic
     model on every access, ~0.3 ms, from its channels' types, which ``graph_roots`` reads
     anyway)."""
-    if owner is None or isinstance(inspect.getattr_static(owner, attr, None), property):
+    cls: Any = type(owner)
+    if owner is None or _computed(cls, attr):
         return None
     return getattr(owner, attr, None)
+
+
+@functools.lru_cache(maxsize=256)
+def _computed(cls: Any, attr: str) -> bool:
+    """Whether ``cls`` computes ``attr`` (a property), looked up once per class."""
+    return isinstance(inspect.getattr_static(cls, attr, None), property)
 
 
 def graph_roots(graph: Any) -> list[Any]:
