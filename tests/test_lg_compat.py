@@ -270,6 +270,52 @@ def test_a_new_saver_reading_a_graph_builds_no_schema_model(
     assert made == []
 
 
+def test_a_new_saver_per_request_parses_and_hashes_nothing_again(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that makes a new saver per request (or per conversation) over one store:
+    each reads the ref and the packs from storage again, and compares them with the bytes
+    this process parsed and hashed before (process_caches.py), so nothing is parsed, decoded
+    or hashed again. Old code, local disk: every new saver parsed (and hashed) the thread's
+    packs, decoded its head and joined its state again (here 4 packs parsed, 1 head decoded,
+    1 state joined and 50 objects hashed a read)."""
+    from cas_checkpoint.engine import object_store
+    from cas_checkpoint.engine.object_store import ObjectStore
+    from cas_checkpoint.format.heads import Head
+    from cas_checkpoint.tree import build as tree
+
+    class State(TypedDict):
+        messages: Annotated[list, operator.add]
+
+    builder = StateGraph(State)
+    builder.add_node("n", lambda s: {"messages": [AIMessage("hi " * 200)]})
+    builder.add_edge(START, "n")
+    graph = builder.compile(checkpointer=CasSaver.from_url(url))
+    config = _config("r")
+    for i in range(30):
+        graph.invoke({"messages": [HumanMessage(f"go {i} " * 100)]}, config)
+    counts = {"packs parsed": 0, "heads decoded": 0, "states joined": 0, "objects hashed": 0}
+
+    def counting(name: str, real: Any) -> Any:
+        def counted(*a: Any, **kw: Any) -> Any:
+            counts[name] += 1
+            return real(*a, **kw)
+        return counted
+    monkeypatch.setattr(ObjectStore, "parse", counting("packs parsed", ObjectStore.parse))
+    monkeypatch.setattr(Head, "decode", staticmethod(counting("heads decoded", Head.decode)))
+    monkeypatch.setattr(tree, "load", counting("states joined", tree.load))
+    monkeypatch.setattr(object_store, "object_id",
+                        counting("objects hashed", object_store.object_id))
+    real_ids = object_store.object_ids
+    monkeypatch.setattr(object_store, "object_ids", lambda views: (
+        counts.__setitem__("objects hashed", counts["objects hashed"] + len(views))
+        or real_ids(views)))
+    for _ in range(3):
+        saver = CasSaver.from_url(url)
+        tup = saver.get_tuple(config)
+        assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == 60
+    assert counts == dict.fromkeys(counts, 0)
+
+
 def test_a_class_outside_the_schemas_is_stored_as_data(url: str) -> None:
     from dataclasses import dataclass
 
