@@ -69,9 +69,9 @@ class Backend(ABC):
     # Capability: the store objects of this process over one store may share what they read
     # and decoded (``process_caches.py``: packs and heads by the very bytes read, each use
     # compared with the bytes read now; states once the view holds every node, hashed): a
-    # memory:// store, and a local folder (one process reads the files another wrote as the
-    # bytes they are now). The scope names the store: (an object standing for its storage,
-    # its root); None: nothing is shared (S3: two reads are two requests whatever is cached).
+    # memory:// store, and a local folder (each store object still reads its files: it reuses
+    # only what was made of the same bytes). The scope names the store: (an object standing
+    # for its storage, its root); None: nothing is shared.
     shared_scope: tuple[Any, str] | None = None
     # Capability: modified times are exact (not rounded to the second, as S3's LastModified
     # is), so gc may take a grace under one second.
