@@ -52,7 +52,10 @@ written into CasSaver (local disk, memory://), SqliteSaver and InMemorySaver; th
 ``get_tuple`` of each other thread once, the savers taking turns call by call: the median and
 p90 wall time and the median CPU time (``time.thread_time``: the machine's other work moves it
 less) of those calls, beside SqliteSaver's. Target (issue 29): CasSaver local disk <= 1.5x
-SqliteSaver's.
+SqliteSaver's. The threads were written by this process, whose store objects share what they
+read and wrote (``process_caches.py``); the row "local disk, threads this process never read"
+reads a copy of the folder made for each round (nothing of it read or written here before:
+as a server reads what other workers or an earlier run of it wrote).
 
 Saves table (only with ``--saves``): the saves alone. The loop's ``put`` and ``put_writes``
 calls are recorded once (from an ``InMemorySaver``, each argument kept as LangGraph handed it:
@@ -72,6 +75,7 @@ import collections
 import os
 import platform
 import random
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -423,13 +427,19 @@ def many_rows(steps: int, threads: int = MANY_THREADS) -> list[ManyRow]:
         conns.append(sqlite3.connect(db, check_same_thread=False))
         return SqliteSaver(conns[-1])
 
+    copies: list[str] = []  # a copy of the local store per round (never read here)
     makers: dict[str, Callable[[], Any]] = {
         "CasSaver local disk": lambda: CasSaver.from_url(local),
+        "CasSaver local disk, threads this process never read": lambda: CasSaver.from_url(
+            copies[-1]),
         "CasSaver memory://": lambda: CasSaver.from_url(memory),
         "SqliteSaver (open connection)": sqlite_saver,
     }
     memory_saver = InMemorySaver()
-    for make in [*makers.values(), lambda: memory_saver]:
+    cold = "CasSaver local disk, threads this process never read"
+    for name, make in [*makers.items(), ("", lambda: memory_saver)]:
+        if name == cold:
+            continue  # (copied from the local store's folder, each round)
         graph = build_graph(steps, make())
         for k in range(threads):
             graph.invoke({"messages": [HumanMessage(content=text(-1), id="human-0")]},
@@ -437,7 +447,8 @@ def many_rows(steps: int, threads: int = MANY_THREADS) -> list[ManyRow]:
                           "recursion_limit": 2 * steps + 20})
     makers["InMemorySaver (its dicts)"] = lambda: memory_saver
     rows = {name: ManyRow(name, 2 * steps + 2) for name in makers}
-    for _ in range(MANY_ROUNDS):
+    for r in range(MANY_ROUNDS):
+        copies.append(shutil.copytree(local, os.path.join(tmp, f"copy-{r}")))
         savers = {name: make() for name, make in makers.items()}
         for saver in savers.values():
             saver.get_tuple({"configurable": {"thread_id": "c0", "checkpoint_ns": ""}})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore
-from cas_checkpoint.engine import object_store
+from cas_checkpoint.engine import object_store, process_caches
 from cas_checkpoint.tree import build as tree
 
 
@@ -92,6 +92,7 @@ def test_a_save_after_a_cold_load_sees_what_the_caller_changed(tmp_path: Path) -
 def test_a_warm_load_after_a_cold_one_gives_a_fresh_copy(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     root = _written(tmp_path, 200)
+    process_caches.clear()  # (as if another process had saved it: a cold load first)
     store = CheckpointStore.open(root)
     joined = []
     join = tree.load

@@ -1,9 +1,10 @@
-"""What store objects over one memory:// store share in this process (``shared.py``): packs
-parsed from the same bytes, heads decoded from the same bytes, states by root id. Never stale,
-never damaged, never across encrypted stores or other stores."""
+"""What store objects over one memory:// store or local folder share in this process
+(``process_caches.py``): packs parsed from the same bytes, heads decoded from the same bytes,
+states by root id. Never stale, never damaged, never across encrypted stores or other stores."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -71,6 +72,58 @@ def test_a_new_store_object_reuses_what_another_verified(monkeypatch: Any) -> No
     second = CheckpointStore.open(url)
     assert second.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
     assert (counts.parsed, counts.heads, counts.joined) == (0, 0, 1)  # joined from its nodes
+
+
+def test_a_new_store_object_on_local_disk_reuses_what_another_verified(
+        monkeypatch: Any, tmp_path: Any) -> None:
+    """A local folder shares as memory:// does (issue 29's many-conversations server: each
+    request a new saver over a warm process). Each use is checked against the bytes read now:
+    the ref and packs are still read from disk, compared with the bytes parsed before. Old
+    code: every new store object parsed and hashed each pack and decoded each head again
+    (here 2 packs, 1 head, 1 state joined per load)."""
+    path = str(tmp_path / "store")
+    writer = CheckpointStore.open(path)
+    state, ids = _thread(writer)
+    counts = _Counts(monkeypatch)
+    for _ in range(3):
+        reader = CheckpointStore.open(path)
+        assert reader.load("t", ids[-5]).state == {"messages": state["messages"][:56]}
+        assert reader.load("t").state == state
+    assert (counts.parsed, counts.heads, counts.joined) == (0, 0, 0)
+    assert CheckpointStore.open(str(tmp_path / "." / "store"))._core.objects.shared is (
+        writer._core.objects.shared)  # (another spelling of the same folder: the same store)
+    assert CheckpointStore.open(str(tmp_path / "other"))._core.objects.shared is not (
+        writer._core.objects.shared)
+
+
+def test_a_local_pack_or_ref_changed_on_disk_is_read_afresh(tmp_path: Any) -> None:
+    """Another process's damage (or a gc's delete) is seen by this process's next store
+    object: what is shared is used only for the very bytes read now."""
+    path = str(tmp_path / "store")
+    writer = CheckpointStore.open(path)
+    _, ids = _thread(writer)
+    CheckpointStore.open(path).load("t", ids[0])  # (shared now)
+    ref = os.path.join(path, *writer._core.refs.stored_key("t").split("/"))
+    with open(ref, "rb") as f:
+        before = f.read()
+    newer = writer.save("t", {"messages": []}).id
+    assert CheckpointStore.open(path).load("t").id == newer
+    os.chmod(ref, 0o644)
+    with open(ref, "wb") as f:  # the ref as it was (another process rewound it on disk)
+        f.write(before)
+    assert CheckpointStore.open(path).load("t").id == ids[-1]
+    head = writer.refs.read("t").head
+    file = os.path.join(path, *pack_key(head.packs[0].id).split("/"))
+    data = bytearray(open(file, "rb").read())
+    data[-20] ^= 1
+    os.chmod(file, 0o644)
+    with open(file, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(IntegrityError):
+        CheckpointStore.open(path).load("t", ids[0])
+    os.remove(file)
+    with pytest.raises(NotFoundError):
+        CheckpointStore.open(path).load("t", ids[0])
 
 
 def test_shared_packs_still_hash_each_object_once(monkeypatch: Any) -> None:

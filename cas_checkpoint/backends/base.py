@@ -53,14 +53,25 @@ LOCK_WAIT = 10.0  # seconds a local ref update waits for another writer's lock, 
 REFRESH_WAIT = 0.5  # a ref update that waited longer than this for its lock refreshes its packs
 
 
+class DiskScope:
+    """What the local folders of this process name their ``shared_scope`` by (the engine's
+    process caches keep less for them than for memory://)."""
+
+
+DISK = DiskScope()
+
+
 class Backend(ABC):
     """Storage primitives. Every method is safe to call from several threads."""
 
     url: str
     concurrency: int = 16
-    # Capability: the bytes live in this process (memory://), the same for every store object
-    # over this storage, so store objects may share what they read and decoded. The scope names
-    # the store: (its filesystem object, its root); None: nothing is shared.
+    # Capability: the store objects of this process over one store may share what they read
+    # and decoded (``process_caches.py``: packs and heads by the very bytes read, each use
+    # compared with the bytes read now; states once the view holds every node, hashed): a
+    # memory:// store, and a local folder (each store object still reads its files: it reuses
+    # only what was made of the same bytes). The scope names the store: (an object standing
+    # for its storage, its root); None: nothing is shared.
     shared_scope: tuple[Any, str] | None = None
     # Capability: modified times are exact (not rounded to the second, as S3's LastModified
     # is), so gc may take a grace under one second.

@@ -17,7 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
 from cas_checkpoint.backends import local_trash, ref_slots
-from cas_checkpoint.backends.base import MAX_REF_BYTES, Backend, ObjectInfo, RefMismatch, _version
+from cas_checkpoint.backends.base import (
+    DISK,
+    MAX_REF_BYTES,
+    Backend,
+    ObjectInfo,
+    RefMismatch,
+    _version,
+)
 from cas_checkpoint.errors import FormatError, IntegrityError, NotFoundError, StorageError
 
 try:
@@ -72,6 +79,7 @@ class LocalBackend(Backend):
         if not os.path.isdir(self.root):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
         self._real = os.path.realpath(self.root)
+        self.shared_scope = (DISK, self._real)  # (two paths to one folder: one store)
         self._dirs_made: set[str] = set()
         self._entries_synced: set[str] = set()  # folders whose own names were fsynced
         # per ref key, the slot this object last wrote: (seq, checksum, head, version), so

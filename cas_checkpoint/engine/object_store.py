@@ -619,7 +619,10 @@ class ObjectStore:
                     unreadable[pid] = exc
                     continue
                 out[pid] = pack
-                self._remember(pack)
+                # (a pack another store object made here and holds compressed: a reader
+                # decompresses it, so its plain bytes count, as for a pack parsed now)
+                self.cache.remember(pack, None if pack.held >= pack.index.size else
+                                    pack.index.size)
                 self._to_disk(pid, data)
         return out
 

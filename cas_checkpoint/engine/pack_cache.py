@@ -51,13 +51,14 @@ class PackCache(Generic[Pack]):
         self._uses: dict[str, int] = {}  # pack id -> how many tracked threads name it
         self._counted: dict[str, int] = {}  # pack id -> the bytes ``bytes`` counts it at
 
-    def remember(self, pack: Pack) -> None:
+    def remember(self, pack: Pack, size: int | None = None) -> None:
+        """Keep ``pack``, counted at ``size`` (default: what it holds, ``held``)."""
         with self.lock:
             if pack.id in self.packs:
                 self.packs.move_to_end(pack.id)
                 return
             self.packs[pack.id] = pack
-            size = self._counted[pack.id] = held(pack)
+            size = self._counted[pack.id] = held(pack) if size is None else size
             self.bytes += size
             while self.bytes > self.limit and len(self.packs) > 1:
                 old, _ = self.packs.popitem(last=False)

@@ -287,6 +287,11 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
         """Objects in the pack."""
         return len(self._ends) - 1
 
+    @property
+    def size(self) -> int:
+        """The plain bytes the objects span (where the last one ends)."""
+        return self._ends[-1]
+
     def spans(self) -> list[tuple[int, int]]:
         """(start, end) of every object, in the pack's order."""
         return list(zip(self._ends, self._ends[1:], strict=False))
