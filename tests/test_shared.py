@@ -96,6 +96,21 @@ def test_a_new_store_object_on_local_disk_reuses_what_another_verified(
         writer._core.objects.shared)
 
 
+def test_a_store_object_asked_to_cache_nothing_shares_nothing(tmp_path: Any) -> None:
+    """``cache_bytes=0``: the process keeps nothing for it once it is gone (without the rule,
+    a local folder's store objects left up to 52 MB in the process caches)."""
+    from cas_checkpoint.engine import process_caches
+
+    process_caches.clear()
+    path = str(tmp_path / "store")
+    store = CheckpointStore.open(path, cache_bytes=0)
+    _, ids = _thread(store)
+    assert CheckpointStore.open(path, cache_bytes=0).load("t", ids[0]).id == ids[0]
+    assert [len(lru.items) for lru in process_caches.LOCAL] == [0, 0, 0]
+    CheckpointStore.open(path).load("t", ids[0])
+    assert len(process_caches.LOCAL[0].items) > 0  # (the default shares)
+
+
 def test_a_local_pack_or_ref_changed_on_disk_is_read_afresh(tmp_path: Any) -> None:
     """Another process's damage (or a gc's delete) is seen by this process's next store
     object: what is shared is used only for the very bytes read now."""

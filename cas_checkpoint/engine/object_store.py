@@ -396,11 +396,14 @@ class ObjectStore:
         self.keyring: sealing.Keyring | None = (  # an encrypted store's keys (sealing.py)
             backend.ring if isinstance(backend, sealed.SealedBackend) else None)
         self.sealed_by: dict[str, str] = {}  # pack id -> the key id it was sealed with
-        # packs shared by the store objects of one memory:// store (process_caches.py); never for an
-        # encrypted store (a store object without the key must not read what another opened)
+        # packs shared by the store objects of one memory:// store or local folder
+        # (process_caches.py); never for an encrypted store (a store object without the key
+        # must not read what another opened), nor for one asked to cache nothing (its process
+        # then holds nothing for it after it is gone)
         scope = backend.shared_scope
         self.shared: Shared | None = (
-            for_store(*scope) if scope is not None and self.keyring is None else None)
+            for_store(*scope) if scope is not None and self.keyring is None and cache_bytes > 0
+            else None)
         self._settling = False  # a step is reading the settings now (see settle)
         self._folders = PackFolders(backend.has_folders)  # the pack folders made (durably)
         self.cache: PackCache[Pack] = PackCache(cache_bytes, None if self.shared is None else
