@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict, cast
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -22,9 +22,11 @@ from langgraph.types import Send
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine import model, refs
 from cas_checkpoint.errors import FormatError
-from cas_checkpoint.format.objects import Segment
+from cas_checkpoint.format import codec
+from cas_checkpoint.format.objects import ObjectId, Segment
 from cas_checkpoint.integrations.langgraph import CasSaver
 from cas_checkpoint.integrations.langgraph import encode as lg_encode
+from cas_checkpoint.integrations.langgraph.registry import saver_registry
 
 
 class State(TypedDict):
@@ -55,7 +57,7 @@ def agent(saver: Any) -> Any:
 
     b = StateGraph(State)
     b.add_node("model", llm)
-    b.add_node("tool", tool)
+    b.add_node("tool", cast(Any, tool))
     b.add_edge(START, "model")
     b.add_conditional_edges("model", route, ["tool", END])
     b.add_edge("tool", "model")
@@ -175,7 +177,29 @@ def test_a_segment_this_process_did_not_make_is_decoded_and_checked() -> None:
     assert head
     bad = Segment(0, entries=()).encode()[:-1] + b"\xc1"  # not msgpack
     with pytest.raises(FormatError):
-        refs.segment(refs.ObjectId("0" * 64), bad)
+        refs.segment(ObjectId("0" * 64), bad)
     made = next(iter(refs._BUILT.items()))
     assert refs.segment(made[0], b"") is made[1]  # (its bytes were hashed by the view)
     assert [c.metadata for c in store.history("t")] == [{}] * 40
+
+
+def test_an_append_indexes_only_its_new_messages() -> None:
+    """A put of an appended messages list looks its new items up among the last put's by
+    identity (an item moved there reuses its bytes): the index of ids is built once for the
+    list and grown by each append's new items, not built again over every message each put
+    (old code: no index kept, one built over the whole list each put). Its bytes stay a fresh
+    encoding's."""
+    types = saver_registry(objects=True)
+    enc = lg_encode.PutEncoder()
+    msgs: list[Any] = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(3)]
+    wheres = []
+    for step in range(30):
+        msgs = [*msgs, AIMessage(f"a{step}", id=f"a{step}")]
+        cp = {"v": 4, "id": str(step), "channel_values": {"messages": msgs},
+              "channel_versions": {"messages": step + 1}}
+        got = enc.state("t", "", cp, {"messages": step + 1}, types)
+        assert got.data == codec.encode(cp, types=types)
+        wheres.append(enc._threads[("t", "")].values["messages"].where)
+    # built at the second put (the first has nothing to look up in), then the same one grown
+    assert wheres[1] is not None and all(w is wheres[1] for w in wheres[1:])
+    assert wheres[-1] is not None and len(wheres[-1]) == len(msgs) == 33

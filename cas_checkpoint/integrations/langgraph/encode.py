@@ -109,6 +109,8 @@ class _Value:
     lens: list[int] | None = None
     flat: list[Any] | None = None
     offs: list[int] | None = None
+    where: dict[int, int] | None = None  # id(item) -> its index, built when first needed;
+    # an append's value shares its list's (entries past ``items`` are another value's)
 
     def snap(self, j: int) -> list[Any] | None:
         """Item ``j``'s attribute values when it was encoded (None: it is never reused)."""
@@ -337,9 +339,12 @@ class PutEncoder:
         for item, n in zip(value[k:], rest_lens, strict=True):
             if n >= 0 and was is not None and was.items is not None:
                 if where is None:  # (built only when an item is looked for)
-                    where = dict(zip(map(id, was.items), count()))
+                    where = was.where
+                    if where is None:
+                        where = was.where = dict(zip(map(id, was.items), count()))
                 j = where.get(id(item))
-                old = None if j is None or was.items[j] is not item else was.snap(j)
+                old = (None if j is None or j >= len(was.items) or was.items[j] is not item
+                       else was.snap(j))
                 if old is not None and len(old) == n and all(map(is_, rest_flat[at:at + n],
                                                                  old)):
                     assert j is not None and was.ends is not None and was.exact is not None
@@ -355,14 +360,24 @@ class PutEncoder:
             run.append(item)
             at += max(n, 0)
         flush()
+        share = None
         if k:
+            assert was is not None and was.offs is not None and was.items is not None
             lens += rest_lens
             flat += rest_flat
+            # the prefix's offsets are the old value's (its items' lens are the same)
+            offs = was.offs[:k + 1]
+            offs += accumulate(map(max, rest_lens, repeat(0)), initial=offs[-1])
+            del offs[k + 1]  # (accumulate repeats its initial value)
+            if k == len(was.items) and was.where is not None:  # an append: its index too
+                share = was.where
+                for i in range(k, len(value)):
+                    share.setdefault(id(value[i]), i)
         else:
             lens, flat = rest_lens, rest_flat
-        offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+            offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
         return _Value(version, value, b"".join(parts), list(value), ends, exact, lens, flat,
-                      offs)
+                      offs, share)
 
     def _round_trips(self, data: bytes, start: int, ends: list[int], types: TypeRegistry
                      ) -> list[bool]:
