@@ -118,8 +118,9 @@ def check_meta(label: object, tags: object, metadata: object) -> tuple[str | Non
         copy = unpack_meta(packed)
     except Exception as exc:  # msgpack raises many types
         found: tuple[str, str] | None = _meta_problem(metadata) or ("metadata", str(exc))
-    else:
-        found = _meta_problem(copy)  # (what msgpack accepts, but nested too deep)
+    else:  # what msgpack accepts, but nested too deep (the reader's copy holds valid
+        # UTF-8 str, str or bytes keys, 64-bit ints: only its depth is left to check)
+        found = _meta_problem(copy) if _deeper(copy, MAX_META_DEPTH - 2) else None
     if found is not None:
         path, problem = found
         shown = path if len(path) <= 200 else f"{path[:100]}...{path[-80:]}"
@@ -148,6 +149,20 @@ def add_meta(checked: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = {**checked, **got}
     _check_meta_size(len(msgpack.packb(out, strict_types=True)))
     return out
+
+
+def _deeper(value: dict[str, Any], most: int) -> bool:
+    """Whether maps and lists nest in ``value`` more than ``most`` levels below it (a
+    decoded copy: iterative, and it holds no cycle)."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        value, depth = todo.pop()
+        for item in (value.values() if type(value) is dict else value):
+            if type(item) is dict or type(item) is list:
+                if depth >= most:
+                    return True
+                todo.append((item, depth + 1))
+    return False
 
 
 def _meta_problem(metadata: dict[str, Any]) -> tuple[str, str] | None:

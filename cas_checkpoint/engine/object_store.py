@@ -241,10 +241,18 @@ class View:
         self.packs = packs
         self.store = store
         self.unreadable: dict[str, CasError] = unreadable or {}
-        self.inline: dict[str, bytes] = {}
-        for data in head.inline:
-            self.inline[inline_id(data)] = data  # named by their hash: nothing to check
+        self._inline: dict[str, bytes] | None = None
         self._ids: frozenset[str] | None = None
+
+    @property
+    def inline(self) -> dict[str, bytes]:
+        """The head's inline objects by id (named by their hash: nothing to check), found
+        when first asked for: a reader that stays in the head's log tail (a save's checks of
+        the newest entries) names none."""
+        got = self._inline
+        if got is None:
+            got = self._inline = {inline_id(data): data for data in self.head.inline}
+        return got
 
     def whole(self) -> View:
         """This view, when every pack of its head could be read; else the error of the first

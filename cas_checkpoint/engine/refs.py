@@ -158,20 +158,39 @@ def check_size(thread_id: str, data: bytes) -> None:
             "tags and metadata small (put large values in the state)")
 
 
+_BUILT: dict[ObjectId, Segment] = {}  # segments this process encoded, by id (``segment``)
+BUILT_MAX = 256
+
+
+def segment(oid: ObjectId, data: bytes | memoryview) -> Segment:
+    """The segment ``oid`` of ``data``, bytes read and hashed against ``oid`` (a view's
+    ``get``): not decoded again when this process made it (``append``), since bytes of that
+    id are the bytes it encoded; any other is decoded and checked (``Segment.decode``)."""
+    got = _BUILT.get(oid)
+    return got if got is not None else Segment.decode(data)
+
+
+def _built(seg: Segment) -> tuple[ObjectId, bytes]:
+    data = seg.encode()
+    oid = object_id(data)
+    if len(_BUILT) >= BUILT_MAX:
+        _BUILT.clear()
+    _BUILT[oid] = seg
+    return oid, data
+
+
 def append(head: Head, entry: LogEntry, new: dict[ObjectId, bytes]) -> Head:
     """``head`` with ``entry`` appended and made the head; new segments are added to ``new``."""
     tail = head.tail + (entry,)
     peaks = head.peaks
     if len(tail) >= LEAF:
-        data = Segment(0, entries=tail).encode()
-        oid = object_id(data)
+        oid, data = _built(Segment(0, entries=tail))
         new[oid] = data
         peaks += (Peak(oid, 0, len(tail)),)
         tail = ()
         while len(peaks) >= FANOUT and len({p.level for p in peaks[-FANOUT:]}) == 1:
             group = peaks[-FANOUT:]
-            data = Segment(group[0].level + 1, children=tuple(p.id for p in group)).encode()
-            oid = object_id(data)
+            oid, data = _built(Segment(group[0].level + 1, children=tuple(p.id for p in group)))
             new[oid] = data
             peaks = peaks[:-FANOUT] + (Peak(oid, group[0].level + 1,
                                             sum(p.count for p in group)),)
@@ -334,7 +353,7 @@ class RefStore:
                 raise FormatError(f"log segment {oid} is named twice; the thread's log is "
                                   "corrupt (run `cas-checkpoint verify`)")
             seen.add(oid)
-            seg = Segment.decode(view.get(oid))
+            seg = segment(oid, view.get_view(oid))
             if seg.level >= above:
                 raise FormatError(f"log segment {oid} does not descend in level; the thread's "
                                   "log is corrupt (run `cas-checkpoint verify`)")
@@ -408,7 +427,7 @@ class RefStore:
             got = view.get_many(pending)
             children: list[ObjectId] = []
             for oid in pending:
-                segs[oid] = seg = Segment.decode(got[oid])
+                segs[oid] = seg = segment(oid, got[oid])
                 children.extend(seg.children)
             pending = [c for c in dict.fromkeys(children) if c not in segs]
 

@@ -21,9 +21,10 @@ and namespace:
 Each invoke starts with a ``get_tuple``, whose state is new objects decoded from storage; when
 it is the checkpoint this encoder's last put of the thread made (``saved``, ``loaded``), its
 lists' items are remembered as the objects of the bytes they were decoded from, those whose
-bytes were seen to round trip (decode, encode again: the same bytes) when first encoded (a
-registered class that rebuilds an object otherwise is encoded again). So an invoke's first put
-too encodes only the input.
+bytes round trip (decode, encode again: the same bytes; a registered class that rebuilds an
+object otherwise is encoded again). So an invoke's first put too encodes only the input. An
+item's round trip is tried once, at the first load that would reuse it, not at the put that
+encoded it: a put does not decode what it has just encoded.
 
 A subgraph's namespace (``checkpoint_ns``, new for each task) starts from the root namespace's
 lists: the messages a parent hands its subgraph are the same objects.
@@ -104,10 +105,12 @@ class _Value:
     data: bytes
     items: list[Any] | None = None
     ends: list[int] | None = None
-    exact: list[bool] | None = None
+    exact: list[bool | None] | None = None  # None: its round trip is not tried yet
     lens: list[int] | None = None
     flat: list[Any] | None = None
     offs: list[int] | None = None
+    where: dict[int, int] | None = None  # id(item) -> its index, built when first needed;
+    # an append's value shares its list's (entries past ``items`` are another value's)
 
     def snap(self, j: int) -> list[Any] | None:
         """Item ``j``'s attribute values when it was encoded (None: it is never reused)."""
@@ -215,10 +218,13 @@ class PutEncoder:
             if (type(value) is not list or was.items is None or was.exact is None
                     or len(value) != len(was.items) or versions.get(channel) != was.version):
                 continue
+            exact = self._exact(was)
+            if exact is None:  # (the registry changed since: nothing is reused)
+                return
             lens, flat = _attrs(value)
-            if not all(was.exact):  # (an item whose bytes do not round trip: not reused)
+            if not all(exact):  # (an item whose bytes do not round trip: not reused)
                 offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
-                keep = [n >= 0 and ok for n, ok in zip(lens, was.exact, strict=True)]
+                keep = [n >= 0 and ok for n, ok in zip(lens, exact, strict=True)]
                 flat = [v for ok, a, b in zip(keep, offs, offs[1:], strict=False) if ok
                         for v in flat[a:b]]
                 lens = [n if ok else -1 for n, ok in zip(lens, keep, strict=True)]
@@ -230,10 +236,41 @@ class PutEncoder:
                 if self._threads.get((thread_id, ns)) is got:
                     got.values = {**got.values, **seeded}
 
+    def _exact(self, was: _Value) -> list[bool | None] | None:
+        """``was.exact``, its items whose round trip was not tried yet tried now (in one
+        decode of them all; each answer kept for the next load); None when the saver's type
+        registry is not the one they were encoded with."""
+        assert was.exact is not None and was.ends is not None and was.items is not None
+        todo = [j for j, ok in enumerate(was.exact) if ok is None]
+        if not todo:
+            return was.exact
+        now = self._types
+        if not now or not self._same_types(now[0]):
+            return None
+        types: TypeRegistry = now[0]
+        data = memoryview(was.data)
+        bounds = [len(array_header(len(was.items))), *was.ends]
+        head = array_header(len(todo))
+        parts: list[bytes | memoryview] = [head]
+        ends: list[int] = []
+        pos = len(head)
+        for j in todo:
+            parts.append(data[bounds[j]:bounds[j + 1]])
+            pos += bounds[j + 1] - bounds[j]
+            ends.append(pos)
+        got = self._round_trips(b"".join(parts), len(head), ends, types)
+        for j, ok in zip(todo, got, strict=True):
+            was.exact[j] = ok
+        return was.exact
+
+    def _same_types(self, types: TypeRegistry) -> bool:
+        now = (types, *types.entries())
+        return len(now) == len(self._types) and all(map(is_, now, self._types))
+
     def _check_types(self, types: TypeRegistry) -> None:
         """Drop everything when the registry is not the one the encodings were made with."""
-        now = (types, *types.entries())
-        if len(now) != len(self._types) or not all(map(is_, now, self._types)):
+        if not self._same_types(types):
+            now = (types, *types.entries())
             with self._lock:
                 self._threads.clear()
                 self._bytes = 0
@@ -258,7 +295,7 @@ class PutEncoder:
         head = array_header(len(value))
         parts: list[bytes | memoryview] = [head]
         ends: list[int] = []
-        exact: list[bool] = []
+        exact: list[bool | None] = []
         pos = len(head)
         k = 0  # items of the common prefix reused at once
         if was is not None and was.items is not None and was.ends is not None:
@@ -293,7 +330,7 @@ class PutEncoder:
             got = item_ends(data, start, len(run))
             parts.append(memoryview(data)[start:])
             ends.extend(pos + e - start for e in got)
-            exact.extend(self._round_trips(data, start, got, types))
+            exact.extend(repeat(None, len(got)))  # (tried at a load that would reuse them)
             pos += len(data) - start
             self.encoded += len(run)
             run.clear()
@@ -302,9 +339,12 @@ class PutEncoder:
         for item, n in zip(value[k:], rest_lens, strict=True):
             if n >= 0 and was is not None and was.items is not None:
                 if where is None:  # (built only when an item is looked for)
-                    where = dict(zip(map(id, was.items), count()))
+                    where = was.where
+                    if where is None:
+                        where = was.where = dict(zip(map(id, was.items), count()))
                 j = where.get(id(item))
-                old = None if j is None or was.items[j] is not item else was.snap(j)
+                old = (None if j is None or j >= len(was.items) or was.items[j] is not item
+                       else was.snap(j))
                 if old is not None and len(old) == n and all(map(is_, rest_flat[at:at + n],
                                                                  old)):
                     assert j is not None and was.ends is not None and was.exact is not None
@@ -320,14 +360,24 @@ class PutEncoder:
             run.append(item)
             at += max(n, 0)
         flush()
+        share = None
         if k:
+            assert was is not None and was.offs is not None and was.items is not None
             lens += rest_lens
             flat += rest_flat
+            # the prefix's offsets are the old value's (its items' lens are the same)
+            offs = was.offs[:k + 1]
+            offs += accumulate(map(max, rest_lens, repeat(0)), initial=offs[-1])
+            del offs[k + 1]  # (accumulate repeats its initial value)
+            if k == len(was.items) and was.where is not None:  # an append: its index too
+                share = was.where
+                for i in range(k, len(value)):
+                    share.setdefault(id(value[i]), i)
         else:
             lens, flat = rest_lens, rest_flat
-        offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+            offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
         return _Value(version, value, b"".join(parts), list(value), ends, exact, lens, flat,
-                      offs)
+                      offs, share)
 
     def _round_trips(self, data: bytes, start: int, ends: list[int], types: TypeRegistry
                      ) -> list[bool]:
