@@ -383,7 +383,8 @@ class LocalBackend(DurableFolders, Backend):
             if fd >= 0:
                 os.close(fd)
         seq = live.seq + 1 if live is not None else 1
-        whole = ref_slots.new_file(seq, data)
+        # (a head that outgrew its slot in the thread's first saves: room to double)
+        whole = ref_slots.new_file(seq, data, live is not None and seq <= ref_slots.YOUNG)
         tmp = self._write_tmp(path, whole)
         os.replace(tmp, path)
         self._fsync_dir(os.path.dirname(path))
