@@ -105,3 +105,27 @@ def test_another_store_object_flushes_the_folders_it_did_not_make_before_it_retu
     assert events[0][0] == "data", events
     assert sorted(p for kind, p in events if kind == "folder") == [".", "refs"], events
     assert not [e for e in events if e[0] == "mkdir"], events
+
+
+def test_a_langgraph_tests_fresh_saver_flushes_five_times_then_once_a_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What LangGraph's own tests do with each new saver (compat/lg_fixtures.py: a new
+    temporary folder, ``CasSaver.from_url``): the first ``put`` flushes 5 times (the settings
+    object and its root, refs/, the new ref and refs/heads/), and each ``put_writes`` and
+    ``put`` after it once. Old code: 6 for the first put."""
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from cas_checkpoint.integrations.langgraph import CasSaver
+
+    root = str(tmp_path / "lgsuite")
+    os.mkdir(root)
+    saver = CasSaver.from_url(root)
+    events = _spy(monkeypatch, root)
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    got = saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+    assert len([e for e in events if e[0] != "mkdir"]) == 5, events
+    events.clear()
+    saver.put_writes(got, [("a", 1)], "task-1")
+    got = saver.put(got, empty_checkpoint(), {"source": "loop", "step": 0}, {})
+    assert [e[0] for e in events] == ["data", "data"], events
