@@ -84,9 +84,10 @@ class Backend(ABC):
     housekeeping: bool = False
     has_folders = False  # folders are real and their names need flushing (local disk)
 
-    def prepare_folders(self, folders: Iterable[str]) -> None:
+    def prepare_folders(self, folders: Iterable[str], flush: bool = True) -> None:
         """Make these folders (a key layout's fan-out, such as the pack folders) and their
-        names durable at once, before keys are written into them. Only a backend that
+        names durable at once, before keys are written into them; with ``flush=False`` their
+        names are made durable by the next write, before it returns. Only a backend that
         ``has_folders`` does anything."""
         return None
     # Capability: ``read_ref``'s version is the one listings give (``ObjectInfo.version``: S3's

@@ -8,6 +8,7 @@ small thread pool (``base.py``)."""
 from __future__ import annotations
 
 import builtins
+import itertools
 import os
 import secrets
 import stat
@@ -25,6 +26,7 @@ from cas_checkpoint.backends.base import (
     RefMismatch,
     _version,
 )
+from cas_checkpoint.backends.local_folders import DurableFolders
 from cas_checkpoint.errors import FormatError, IntegrityError, NotFoundError, StorageError
 
 try:
@@ -59,7 +61,7 @@ def _holder(fd: int) -> str:
     return "another process"
 
 
-class LocalBackend(Backend):
+class LocalBackend(DurableFolders, Backend):
     """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
 
     exact_mtimes = atomic_delete = housekeeping = True
@@ -80,17 +82,13 @@ class LocalBackend(Backend):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
         self._real = os.path.realpath(self.root)
         self.shared_scope = (DISK, self._real)  # (two paths to one folder: one store)
-        self._dirs_made: set[str] = set()
-        self._entries_synced: set[str] = set()  # folders whose own names were fsynced
+        DurableFolders.__init__(self)
         # per ref key, the slot this object last wrote: (seq, checksum, head, version), so
         # that reading it back hashes nothing (its exact bytes are checked instead)
         self._written: dict[str, tuple[int, bytes, bytes, str]] = {}
         # per ref key, the slots of a file last read that is not at rest as a finished update
         # leaves it (two valid slots, a torn or damaged slot): what verify reports
         self.ref_notes: dict[str, ref_slots.Reading] = {}
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/"))
 
     def get(self, key: str) -> bytes:
         try:
@@ -130,57 +128,8 @@ class LocalBackend(Backend):
             out[key] = data
         return out
 
-    def _makedirs(self, folder: str) -> None:
-        """Make ``folder`` (inside the root), and make its name durable: the first time this
-        process uses a folder, its parent is fsynced (its entry is there; also when another
-        process made it, which may not have synced it yet), and so on up for each folder
-        whose own entry this process has not made durable yet, so that a file made durable in
-        it (a pack, then the ref naming it) cannot vanish with a folder entry that power loss
-        dropped."""
-        if folder not in self._dirs_made:
-            os.makedirs(folder, exist_ok=True)
-            real = os.path.realpath(folder)
-            if real != self._real and not real.startswith(self._real + os.sep):
-                raise StorageError(
-                    f"{folder} leads out of the store (to {real}) through a link; remove the "
-                    "link: cas_checkpoint writes only inside its root")
-            entry = folder
-            while entry not in self._entries_synced and entry.startswith(self.root + os.sep):
-                self._fsync_dir(os.path.dirname(entry))
-                self._entries_synced.add(entry)
-                entry = os.path.dirname(entry)
-            self._dirs_made.add(folder)
-
-    has_folders = True
-
-    def prepare_folders(self, folders: Iterable[str]) -> None:
-        """Make these folders, then flush each of their parents once: one flush makes every
-        name in a folder durable, so the first pack written into each of them (256 pack
-        folders) does not flush their parent again (``_makedirs``)."""
-        paths = [self._path(f) for f in folders]
-        todo = [p for p in paths if p not in self._entries_synced]
-        if not todo:
-            return
-        try:
-            for parent in dict.fromkeys(os.path.dirname(p) for p in todo):
-                self._makedirs(parent)  # (its own name made durable as any folder's)
-            for path in todo:
-                os.makedirs(path, exist_ok=True)
-                real = os.path.realpath(path)
-                if not real.startswith(self._real + os.sep):
-                    raise StorageError(
-                        f"{path} leads out of the store (to {real}) through a link; remove "
-                        "the link: cas_checkpoint writes only inside its root")
-            for parent in dict.fromkeys(os.path.dirname(p) for p in todo):
-                self._fsync_dir(parent)  # every name made in it above is durable now
-        except OSError as exc:
-            raise StorageError(f"cannot make folders in {self.root}: {exc}") from exc
-        self._entries_synced.update(todo)
-        self._dirs_made.update(todo)
-
     def _write_tmp(self, path: str, data: bytes) -> str:
-        folder = os.path.dirname(path)
-        self._makedirs(folder)
+        """A temp file beside ``path`` (whose folder is made) holding ``data``, flushed."""
         tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -195,15 +144,7 @@ class LocalBackend(Backend):
         os.close(fd)
         return tmp
 
-    @staticmethod
-    def _fsync_dir(folder: str) -> None:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _put_one(self, key: str, data: bytes) -> str:
+    def _put_one(self, key: str, data: bytes, made: list[str]) -> str:
         path = self._path(key)
         try:
             size = os.stat(path).st_size
@@ -215,10 +156,11 @@ class LocalBackend(Backend):
                 # Its bytes were fsynced before it was linked, but its name (and its folder's)
                 # may not be durable yet (a writer killed between its link and its folder
                 # fsyncs): they are made durable as after a write, before a ref may name it.
-                self._makedirs(os.path.dirname(path))
+                self._makedirs(os.path.dirname(path), made)
                 return os.path.dirname(path)
             except FileNotFoundError:
                 pass  # a gc took it just now (see gc.py): write it again
+        self._makedirs(os.path.dirname(path), made)
         tmp = self._write_tmp(path, data)
         try:
             if size is not None and size != len(data):
@@ -233,14 +175,16 @@ class LocalBackend(Backend):
         return os.path.dirname(path)
 
     def put_many(self, items: dict[str, bytes]) -> None:
+        made: list[str] = []  # folders made for these objects (flushed after them)
         try:
             if len(items) <= 2:
-                folders = [self._put_one(k, v) for k, v in items.items()]
+                folders = [self._put_one(k, v, made) for k, v in items.items()]
             else:
                 with ThreadPoolExecutor(min(self.concurrency, len(items))) as pool:
-                    folders = list(pool.map(self._put_one, items.keys(), items.values()))
-            for folder in set(folders):  # (one fsync per folder written or reused)
-                self._fsync_dir(folder)
+                    folders = list(pool.map(self._put_one, items.keys(), items.values(),
+                                            itertools.repeat(made)))
+            # one fsync per folder written or reused, then per parent of a folder made
+            self._flush(folders, self._take_owed(made))
         except OSError as exc:
             raise StorageError(f"cannot write objects in {self.root}: {exc}") from exc
 
@@ -363,10 +307,11 @@ class LocalBackend(Backend):
         raise self._no_slot(key, None, last)
 
     @contextmanager
-    def _locked(self, path: str) -> Iterator[float]:
+    def _locked(self, path: str, made: list[str] | None = None) -> Iterator[float]:
         """Hold the ref's lock; yields the seconds spent waiting for it. Waits at most
-        ``LOCK_WAIT`` (a writer stalled while holding it must not stall others forever)."""
-        self._makedirs(os.path.dirname(path))
+        ``LOCK_WAIT`` (a writer stalled while holding it must not stall others forever).
+        ``made``: see ``_makedirs`` (the caller flushes the folders it adds)."""
+        self._makedirs(os.path.dirname(path), made)
         if fcntl is None:  # pragma: no cover
             raise StorageError("local refs need fcntl.flock, which this platform lacks")
         lock = path + ".lock"
@@ -404,41 +349,53 @@ class LocalBackend(Backend):
                   refresh: Callable[[], None] | None = None) -> str:
         """Compare-and-swap under the ref's lock: the head is re-read under it and compared
         with ``expected``; then the new head goes into the free slot (one ``fdatasync``), or
-        the ref is written whole (temp file, fsync, rename, folder fsync; see ``ref_slots.py``)."""
+        the ref is written whole (temp file, fsync, rename, folder fsync; see ``ref_slots.py``).
+        Folders made for it (a new store's ``refs/heads``) are flushed after the ref's own
+        flush, before it returns (``_makedirs``)."""
         path = self._path(key)
+        made: list[str] = []
         try:
-            with self._locked(path) as waited:
-                if refresh is not None and waited > REFRESH_WAIT:
-                    refresh()  # a gc may have run while we waited: re-put what the ref names
-                try:
-                    fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-                except FileNotFoundError:
-                    fd = -1
-                try:
-                    current = None
-                    if fd >= 0:
-                        held = self._read_file(key, fd)
-                        got = self._head_of(key, held)
-                        if not isinstance(got, tuple):  # no writer but us: it is damaged
-                            raise self._no_slot(key, got, held)
-                        current = got
-                    if (self._version_of(key, current[0]) if current else None) != expected:
-                        raise RefMismatch(key)
-                    live = current[1] if current else None
-                    if live is not None and live.fmt == ref_slots.FORMAT and ref_slots.fits(
-                            live.slot, len(data)):
-                        slot = self._write_slot(fd, live, data)
-                        return self._wrote(key, live.seq + 1, slot, data)
-                finally:
-                    if fd >= 0:
-                        os.close(fd)
-                seq = live.seq + 1 if live is not None else 1
-                whole = ref_slots.new_file(seq, data)
-                tmp = self._write_tmp(path, whole)
-                os.replace(tmp, path)
-                self._fsync_dir(os.path.dirname(path))
+            with self._locked(path, made) as waited:
+                version = self._swap(key, path, data, expected,
+                                     refresh if waited > REFRESH_WAIT else None)
+            self._flush((), self._take_owed(made))
         except OSError as exc:
             raise StorageError(f"cannot update ref {key} in {self.root}: {exc}") from exc
+        return version
+
+    def _swap(self, key: str, path: str, data: bytes, expected: str | None,
+              refresh: Callable[[], None] | None) -> str:
+        """``write_ref``'s work, under the ref's lock."""
+        if refresh is not None:
+            refresh()  # a gc may have run while we waited: re-put what the ref names
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            fd = -1
+        try:
+            current = None
+            if fd >= 0:
+                held = self._read_file(key, fd)
+                got = self._head_of(key, held)
+                if not isinstance(got, tuple):  # no writer but us: it is damaged
+                    raise self._no_slot(key, got, held)
+                current = got
+            if (self._version_of(key, current[0]) if current else None) != expected:
+                raise RefMismatch(key)
+            live = current[1] if current else None
+            if live is not None and live.fmt == ref_slots.FORMAT and ref_slots.fits(
+                    live.slot, len(data)):
+                slot = self._write_slot(fd, live, data)
+                return self._wrote(key, live.seq + 1, slot, data)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        seq = live.seq + 1 if live is not None else 1
+        # (a head that outgrew its slot in the thread's first saves: room to double)
+        whole = ref_slots.new_file(seq, data, live is not None and seq <= ref_slots.YOUNG)
+        tmp = self._write_tmp(path, whole)
+        os.replace(tmp, path)
+        self._fsync_dir(os.path.dirname(path))
         return self._wrote(key, seq, whole, data)
 
     def _wrote(self, key: str, seq: int, slot: bytes, head: bytes) -> str:

@@ -31,8 +31,8 @@ class SealedBackend(Backend):
         self.has_folders = inner.has_folders
         self.list_after = inner.list_after
 
-    def prepare_folders(self, folders: Iterable[str]) -> None:
-        self.inner.prepare_folders(folders)  # (packs keep their keys)
+    def prepare_folders(self, folders: Iterable[str], flush: bool = True) -> None:
+        self.inner.prepare_folders(folders, flush)  # (packs and refs/heads keep their keys)
 
     def ref_key(self, key: str) -> str:
         """The stored key of a thread's ref (its plain key as ``refs.thread_key`` spells it)."""

@@ -447,7 +447,13 @@ class ObjectStore:
         return (yield from self._settings(write=False))
 
     def _settings(self, write: bool) -> Step[marker.Settings]:
-        settings = yield from marker.settle(self.backend.url, self.wanted, write=write)
+        # A new store on local disk: its refs/heads folder is made with its root object, so
+        # that one flush of the root makes both names durable (the first ref's write flushes
+        # refs/ with its own folder: a first save flushes the root once, not twice)
+        skeleton = (Blocking(self.backend.prepare_folders, ([sealing.HEADS], False))
+                    if write and self.backend.has_folders else None)
+        settings = yield from marker.settle(self.backend.url, self.wanted, write=write,
+                                            skeleton=skeleton)
         if (settings.encryption is None) != (self.keyring is None):
             if settings.encryption:
                 raise marker.encrypted(self.backend.url, settings)

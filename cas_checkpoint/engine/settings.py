@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 
-from cas_checkpoint.engine.steps import GetMany, List, PutMany, Step
+from cas_checkpoint.engine.steps import GetMany, List, Op, PutMany, Step
 from cas_checkpoint.errors import FormatError, InvalidArgumentError, NotFoundError, StorageError
 from cas_checkpoint.format.objects import VERSION
 from cas_checkpoint.format.pack import Zstd, compressor
@@ -116,17 +116,22 @@ def read() -> Step[Settings | None]:
     return None if data is None else Settings.decode(data)
 
 
-def settle(url: str, wanted: Settings | None, *, write: bool = True) -> Step[Settings]:
+def settle(url: str, wanted: Settings | None, *, write: bool = True,
+           skeleton: Op | None = None) -> Step[Settings]:
     """The settings to write with: the store's own; ``wanted`` (if given) must agree with them.
     A store without settings takes ``wanted``, or else ``DEFAULT`` (also a store written
     before settings existed). With ``write`` they are written (create-if-absent, then read
-    back: a concurrent opener may have won); without, this only says what a write would use."""
+    back: a concurrent opener may have won); without, this only says what a write would use.
+    ``skeleton``: a request made just before the settings are written (the store's folders,
+    made with its root object; see ``ObjectStore._settings``)."""
     have = yield from read()
     if have is None:
         chosen = wanted or DEFAULT  # (a store from before settings gets them too: a reader
         # older than them refuses its compressed packs by name, "upgrade cas_checkpoint")
         if not write:
             return chosen
+        if skeleton is not None:
+            yield skeleton
         yield PutMany({MARKER: chosen.encode()})
         have = yield from read()  # a concurrent first writer's, if it won: the store's now
         if have is None:
