@@ -22,11 +22,14 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import blake3
 
 from cas_checkpoint.errors import NotFoundError
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
@@ -192,8 +195,17 @@ class Backend(ABC):
     # I/O); memory:// answers inline and S3 is natively async (see their classes).
 
     async_threads = 8
+    # Capability: the async face is the sync one on ``run_blocking``'s pool (local disk), so a
+    # step may carry out its requests one after the other in one pool thread: one hand-off an
+    # operation, not one a request (``engine.steps.arun``).
+    pooled: bool = False
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.hand_off(fn, *args)
+
+    def hand_off(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` on this backend's thread pool, as a future of the running loop (no
+        task of its own: ``engine.steps`` awaits one per operation)."""
         import asyncio  # (here: a process that never awaits a store does not import asyncio)
 
         pool = self._pool
@@ -203,7 +215,7 @@ class Backend(ABC):
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
                         self.async_threads, thread_name_prefix="cas-checkpoint-io")
-        return await asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args))
+        return asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args))
 
     _pool: ThreadPoolExecutor | None = None
 

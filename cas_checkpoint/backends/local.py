@@ -55,7 +55,7 @@ def _holder(fd: int) -> str:
 class LocalBackend(Backend):
     """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
 
-    exact_mtimes = atomic_delete = housekeeping = True
+    exact_mtimes = atomic_delete = housekeeping = pooled = True
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)

@@ -23,6 +23,11 @@ class Op:
 
     __slots__ = ()
     commit = False
+    # Its ``sync`` is what its ``run`` awaits on a backend whose async face is its sync one on
+    # a thread pool (``Backend.pooled``): ``arun`` may then carry it out inside a step's
+    # hand-off to that pool (``_pooled``). An ``Op`` defined elsewhere (a request on another
+    # backend) is awaited on the loop.
+    pooled = False
 
     def sync(self, backend: Backend) -> Any:  # pragma: no cover - every Op overrides it
         raise NotImplementedError
@@ -34,6 +39,8 @@ class Op:
 @dataclass(slots=True)
 class GetMany(Op):
     """Bytes of several keys, read concurrently: ``{key: bytes or None}``."""
+
+    pooled = True
 
     keys: list[str]
 
@@ -49,6 +56,8 @@ class PutMany(Op):
     """Create keys that do not exist (immutable objects); refresh the modified time of those
     that do."""
 
+    pooled = True
+
     items: dict[str, bytes]
 
     def sync(self, backend: Backend) -> None:
@@ -61,6 +70,8 @@ class PutMany(Op):
 @dataclass(slots=True)
 class ReadRef(Op):
     """``(bytes, version)`` of a ref, or None."""
+
+    pooled = True
 
     key: str
 
@@ -75,6 +86,8 @@ class ReadRef(Op):
 class ReadRefs(Op):
     """Several refs, read concurrently: a list of ``(bytes, version)`` or None."""
 
+    pooled = True
+
     keys: list[str]
 
     def sync(self, backend: Backend) -> list[tuple[bytes, str] | None]:
@@ -87,6 +100,8 @@ class ReadRefs(Op):
 @dataclass(slots=True)
 class WriteRef(Op):
     """Compare-and-swap a ref; returns its new version or raises RefMismatch."""
+
+    pooled = True
 
     key: str
     data: bytes
@@ -105,6 +120,8 @@ class WriteRef(Op):
 class DeleteRef(Op):
     """Delete a ref if it has the expected version; RefMismatch otherwise."""
 
+    pooled = True
+
     key: str
     expected: str
     commit = True
@@ -120,6 +137,8 @@ class DeleteRef(Op):
 class List(Op):
     """Every key under a prefix (``ObjectInfo``s)."""
 
+    pooled = True
+
     prefix: str
 
     def sync(self, backend: Backend) -> Any:
@@ -132,6 +151,8 @@ class List(Op):
 @dataclass(slots=True)
 class ListMany(Op):
     """Every key under each of several prefixes, listed concurrently."""
+
+    pooled = True
 
     prefixes: list[str]
 
@@ -146,6 +167,8 @@ class ListMany(Op):
 class DeleteMany(Op):
     """Delete keys; returns the keys the storage refused to delete."""
 
+    pooled = True
+
     keys: list[str]
 
     def sync(self, backend: Backend) -> list[str]:
@@ -158,6 +181,8 @@ class DeleteMany(Op):
 @dataclass(slots=True)
 class Sleep(Op):
     """Wait (between attempts after a lost race)."""
+
+    pooled = True
 
     seconds: float
 
@@ -174,6 +199,8 @@ class Sleep(Op):
 class Blocking(Op):
     """A blocking call on local disk (gc's sweep of a local store): run as it is by the sync
     driver, on the backend's thread pool by the async one."""
+
+    pooled = True
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
@@ -234,10 +261,68 @@ def _start(step: Step[Any]) -> tuple[Op | None, Any]:
         return None, stop.value
 
 
+class _Stop(Exception):
+    """The caller of a step carried on in the pool was cancelled before its first commit
+    request: the step stops there (``_Handoff``)."""
+
+
+class _Handoff:
+    """A step carried on in one pool thread (``Backend.pooled``): its requests one after the
+    other with the backend's sync methods and the step's own code between them, until it ends
+    or makes a request the pool does not carry out (``Op.pooled``). So an operation costs one
+    hand-off to the pool and one wake-up of the loop, not one of each per request (a group
+    commit's packs, ref and collected packs; a read's ref and packs). The loop sets
+    ``stopped`` when the caller is cancelled before the step's first commit request: the step
+    is closed at its next request, as ``arun`` closes one awaited on the loop."""
+
+    __slots__ = ("committing", "lock", "stopped")
+
+    def __init__(self, committing: bool) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.committing = committing
+        self.stopped = False
+
+    def stop(self) -> bool:
+        """Stop the step unless it is committing; whether it was stopped."""
+        with self.lock:
+            self.stopped = not self.committing
+            return self.stopped
+
+    def drive(self, step: Step[Any], op: Op | None, backend: Backend) -> tuple[Op | None, Any]:
+        """In the pool: ``(None, result)`` once the step ended, or ``(op, None)`` for a request
+        to await on the loop. ``op`` None: the step has not started."""
+        try:
+            if op is None:
+                op = step.send(None)
+            while True:
+                if not op.pooled:
+                    return op, None
+                with self.lock:
+                    if self.stopped:
+                        raise _Stop
+                    self.committing = self.committing or op.commit
+                value: Any = None
+                error: Exception | None = None
+                try:
+                    value = op.sync(backend)
+                except Exception as exc:
+                    error = exc
+                op = step.send(value) if error is None else step.throw(error)
+        except StopIteration as stop:
+            return None, stop.value
+        except _Stop:
+            step.close()
+            return None, None
+
+
 async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
     """Carry ``step`` out on the running event loop with the backend's async methods (see the
-    module docstring for what cancellation does). With ``offload``, the step's work before its
-    first request (a save's encoding and hashing) runs on the backend's thread pool (none for
+    module docstring for what cancellation does); on a backend whose async face is its sync
+    one on a thread pool (``Backend.pooled``: local disk), each run of its requests in one
+    hand-off to that pool (``_Handoff``). With ``offload``, the step's work before its first
+    request (a save's encoding and hashing) runs on the backend's thread pool too (none for
     memory://), so a large state does not hold the loop."""
     import asyncio  # (here: a process that never awaits a store does not import asyncio)
 
@@ -249,7 +334,12 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
     committing = False
     cancelled: asyncio.CancelledError | None = None
     first: Op | None = None
-    if offload:
+    pooled = backend.pooled
+    if offload and pooled:
+        first, result, cancelled, committing = await _handed(step, None, backend, False)
+        if first is None:
+            return _ended(result, cancelled)  # type: ignore[no-any-return]
+    elif offload:
         first, result = await backend.run_blocking(_start, step)
         if first is None:
             return result  # type: ignore[no-any-return]
@@ -269,6 +359,12 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
                 raise cancelled from None
             raise
         value = error = None
+        if pooled and op.pooled:
+            first, result, stopped, committing = await _handed(step, op, backend, committing)
+            cancelled = cancelled or stopped
+            if first is None:
+                return _ended(result, cancelled)  # type: ignore[no-any-return]
+            continue
         committing = committing or op.commit
         if not committing:
             try:
@@ -300,3 +396,47 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
             except Exception as exc:
                 error = exc
                 break
+
+
+def _ended(result: T, cancelled: BaseException | None) -> T:
+    """A step's result, or its caller's cancellation carrying it (``landed``)."""
+    if cancelled is not None:
+        cancelled.cas_result = result  # type: ignore[attr-defined]
+        raise cancelled from None
+    return result
+
+
+async def _handed(step: Step[Any], op: Op | None, backend: Backend, committing: bool
+                  ) -> tuple[Op | None, Any, Any, bool]:
+    """``_Handoff.drive`` awaited: ``(request for the loop or None, result, the caller's
+    cancellation or None, committing)``. Cancellation as ``arun``'s: before the step's first
+    commit request it stops the step and is raised at once; after it the step goes on (the
+    cancellation is returned, for ``arun`` to raise once the step has finished)."""
+    import asyncio
+
+    handoff = _Handoff(committing)
+    task = backend.hand_off(handoff.drive, step, op, backend)
+    task.add_done_callback(_retrieved)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            got = await asyncio.shield(task)
+            return got[0], got[1], cancelled, handoff.committing
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise  # (the loop is closing)
+            if handoff.stop():  # the thread closes the step at its next request
+                if task.done() and task.exception() is None and task.result()[0] is not None:
+                    step.close()  # (it handed back a request: the step is the loop's again)
+                raise
+            cancelled = cancelled or exc
+        except Exception:
+            if cancelled is not None:
+                raise cancelled from None
+            raise
+
+
+def _retrieved(task: Any) -> None:
+    """(A hand-off's error is the caller's, or nobody's once the caller was cancelled.)"""
+    if not task.cancelled():
+        task.exception()
