@@ -90,9 +90,9 @@ def test_the_agent_benchmarks_turn_hands_off_once_per_commit(
         tmp_path: Path, handoffs: Handoffs, monkeypatch: pytest.MonkeyPatch) -> None:
     """The production shape (``benchmarks/bench_agent_app.py``: 21 aput, 19 aput_writes and 2
     aget_tuple a turn, in ~24 group commits): one trip to the pool per group commit and per
-    read, none per request, and no request on the loop. Measured: 26.3 hand-offs a turn for
-    24.3 commits (old code: 34.1, a pack's write and the collected packs' deletion each a
-    trip of their own, a new subgraph namespace's ref read another)."""
+    read, none per request, and no request on the loop. Measured: 23 hand-offs a turn for 21
+    commits and 2 reads (old code: 34.1 for 24.3 commits, a pack's write and the collected
+    packs' deletion each a trip of their own, a new subgraph namespace's ref read another)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import bench_agent_app as bench
 
