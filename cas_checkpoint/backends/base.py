@@ -19,17 +19,15 @@ import builtins
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import blake3
 
 from cas_checkpoint.errors import NotFoundError
-
-if TYPE_CHECKING:
-    import asyncio
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
@@ -201,13 +199,17 @@ class Backend(ABC):
     pooled: bool = False
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.hand_off(fn, *args)
-
-    def hand_off(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """``fn(*args)`` on this backend's thread pool, as a future of the running loop (no
-        task of its own: ``engine.steps`` awaits one per operation)."""
         import asyncio  # (here: a process that never awaits a store does not import asyncio)
 
+        return await asyncio.get_running_loop().run_in_executor(self._threads(),
+                                                                partial(fn, *args))
+
+    def hand_off(self, fn: Callable[..., T], *args: Any) -> ConcurrentFuture[T]:
+        """``fn(*args)`` on this backend's thread pool (``engine.steps`` hands a step's
+        requests over in one call and awaits its own future of the result)."""
+        return self._threads().submit(fn, *args)
+
+    def _threads(self) -> ThreadPoolExecutor:
         pool = self._pool
         if pool is None:
             with _POOL_LOCK:
@@ -215,7 +217,7 @@ class Backend(ABC):
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
                         self.async_threads, thread_name_prefix="cas-checkpoint-io")
-        return asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args))
+        return pool
 
     _pool: ThreadPoolExecutor | None = None
 

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from concurrent.futures import Future as ConcurrentFuture
+from typing import Any, TypeVar
 
 import blake3
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.sealing import HEADS, Keyring, is_sealed_key, open_head, seal_head
-
-if TYPE_CHECKING:
-    import asyncio
 
 T = TypeVar("T")
 
@@ -115,7 +113,7 @@ class SealedBackend(Backend):
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.inner.run_blocking(fn, *args)
 
-    def hand_off(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def hand_off(self, fn: Callable[..., T], *args: Any) -> ConcurrentFuture[T]:
         return self.inner.hand_off(fn, *args)
 
     async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:

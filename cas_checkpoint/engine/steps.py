@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cas_checkpoint.backends.base import Backend
 from cas_checkpoint.engine import telemetry
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -415,18 +420,15 @@ async def _handed(step: Step[Any], op: Op | None, backend: Backend, committing: 
     import asyncio
 
     handoff = _Handoff(committing)
-    task = backend.hand_off(handoff.drive, step, op, backend)
-    task.add_done_callback(_retrieved)
+    work = backend.hand_off(handoff.drive, step, op, backend)  # (a cancel never reaches it)
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:
-            got = await asyncio.shield(task)
+            got = await _landed_future(work)
             return got[0], got[1], cancelled, handoff.committing
         except asyncio.CancelledError as exc:
-            if task.done() and task.cancelled():
-                raise  # (the loop is closing)
             if handoff.stop():  # the thread closes the step at its next request
-                if task.done() and task.exception() is None and task.result()[0] is not None:
+                if work.done() and work.exception() is None and work.result()[0] is not None:
                     step.close()  # (it handed back a request: the step is the loop's again)
                 raise
             cancelled = cancelled or exc
@@ -436,7 +438,27 @@ async def _handed(step: Step[Any], op: Op | None, backend: Backend, committing: 
             raise
 
 
-def _retrieved(task: Any) -> None:
-    """(A hand-off's error is the caller's, or nobody's once the caller was cancelled.)"""
-    if not task.cancelled():
-        task.exception()
+def _landed_future(work: Future[T]) -> asyncio.Future[T]:
+    """A future of the running loop that gets ``work``'s outcome: one wake-up of the loop
+    from the pool thread (``run_in_executor``'s chained futures and ``asyncio.shield`` each
+    add a round), and cancelling it leaves ``work`` alone."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def copy() -> None:
+        if fut.cancelled():
+            return
+        error = work.exception()
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(work.result())
+
+    def done(_: Future[T]) -> None:
+        with suppress(RuntimeError):  # (the loop closed meanwhile: nobody waits)
+            loop.call_soon_threadsafe(copy)
+
+    work.add_done_callback(done)
+    return fut
