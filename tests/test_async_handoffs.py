@@ -161,3 +161,41 @@ def test_a_save_and_a_load_wake_the_loop_a_few_times(tmp_path: Path,
 
     saving, loading = asyncio.run(main())
     assert saving <= 3 and loading <= 3, (saving, loading)
+
+
+def test_a_save_answers_before_the_packs_its_commit_collected_are_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packs a commit's collector deletes (``refs._delete_packs``: ``DeleteMany(after=
+    True)``) are deleted by the pool thread once the save has answered, not before: the first
+    such deletion here waits until the save that made it has returned (old code: it never
+    does, the save waiting for the deletion). The store stays whole and the packs go."""
+    started = threading.Event()
+    answered = threading.Event()
+    waited: list[bool] = []
+    real = LocalBackend.delete_many
+
+    def delete_many(backend: Any, keys: Any) -> Any:
+        if not waited:
+            started.set()
+            waited.append(answered.wait(5))
+        return real(backend, keys)
+    monkeypatch.setattr(LocalBackend, "delete_many", delete_many)
+
+    async def main() -> None:
+        store = await AsyncCheckpointStore.open(str(tmp_path / "s"))
+        store._core.refs.collect_after = 0.0  # (a dropped pack is ripe at the next commit)
+        state: dict[str, Any] = {"m": []}
+        for i in range(60):
+            state["m"].append(f"{i}-" + "x" * 400)
+            await store.save("t", state)
+            if started.is_set():
+                answered.set()
+        while not waited:  # (the deletion ran to its end in the pool)
+            await asyncio.sleep(0.01)
+        assert (await store.load("t")).state == state
+        report = await store.verify()
+        assert report.ok, report.to_text()
+        await store.aclose()
+
+    asyncio.run(main())
+    assert waited == [True]
