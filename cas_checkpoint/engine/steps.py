@@ -472,6 +472,16 @@ async def arun(step: Step[T], backend: Backend, *, offload: bool = False) -> T:
                 break
 
 
+async def _outcome(handoff: _Handoff) -> Any:
+    """The hand-off's outcome once the thread has answered, whatever cancels the wait."""
+    import asyncio
+
+    while handoff.outcome is _UNANSWERED:
+        with suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(handoff.waiter())
+    return handoff.outcome
+
+
 def _ended(result: T, cancelled: BaseException | None) -> T:
     """A step's result, or its caller's cancellation carrying it (``landed``)."""
     if cancelled is not None:
@@ -496,11 +506,11 @@ async def _handed(step: Step[Any], op: Op | None, backend: Backend, committing: 
             got = await handoff.waiter()
             return got[0], got[1], cancelled, handoff.committing
         except asyncio.CancelledError as exc:
-            if handoff.stop():  # the thread closes the step at its next request
-                outcome = handoff.outcome
-                if isinstance(outcome, tuple) and outcome[0] is not None:
-                    step.close()  # (it handed back a request: the step is the loop's again)
-                raise
+            if handoff.stop():  # the thread closes the step at its next request: wait for
+                outcome = await _outcome(handoff)  # that (the request it is in, at most), so
+                if isinstance(outcome, tuple) and outcome[0] is not None:  # the step is
+                    step.close()  # closed when the cancellation is raised, as on the loop
+                raise  # (it handed back a request: the step is the loop's again)
             cancelled = cancelled or exc
         except Exception:
             if cancelled is not None:
