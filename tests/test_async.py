@@ -76,16 +76,26 @@ def test_200_tasks_saving_to_50_threads_on_one_store_all_land(
         assert sum(sync.count(t) for t in acked) == tasks * saves
 
 
+_NAMES = ("get_many", "put_many", "read_ref", "read_refs", "write_ref", "delete_ref", "list",
+          "list_many", "delete_many")
+
+
 class _Canceller:
-    """Wraps a backend's async face: the ``at``-th call cancels the task that made the save
-    (then lets the call run), so the cancellation arrives at that very await."""
+    """Wraps a backend's requests: the ``at``-th cancels the task that made the save (then lets
+    the request run), so the cancellation arrives at that very request. Its async face
+    (awaited on the loop); on a ``pooled`` backend (local disk) its sync face, which a step's
+    hand-off to the pool calls: the request waits there until the loop has delivered the
+    cancellation to the task."""
 
     def __init__(self, backend: Backend, at: int) -> None:
         self.backend, self.at, self.calls, self.victim = backend, at, 0, None
         self.names: list[str] = []
-        for name in ("aget_many", "aput_many", "aread_ref", "aread_refs", "awrite_ref",
-                     "adelete_ref", "alist", "alist_many", "adelete_many"):
-            setattr(backend, name, self._wrap(name, getattr(backend, name)))
+        self.loop = asyncio.get_running_loop()
+        for name in _NAMES:
+            if backend.pooled:
+                setattr(backend, name, self._wrap_sync(name, getattr(backend, name)))
+            else:
+                setattr(backend, "a" + name, self._wrap(name, getattr(backend, "a" + name)))
 
     def _wrap(self, name: str, real: Any) -> Any:
         async def call(*args: Any, **kw: Any) -> Any:
@@ -95,6 +105,19 @@ class _Canceller:
                 self.victim.cancel()
             await asyncio.sleep(0)  # the cancellation lands here if this task is the victim
             return await real(*args, **kw)
+        return call
+
+    def _wrap_sync(self, name: str, real: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            self.calls += 1
+            self.names.append(name)
+            if self.calls == self.at and self.victim is not None:
+                delivered = threading.Event()
+                self.loop.call_soon_threadsafe(self.victim.cancel)
+                # (queued behind the victim's own wake-up with the cancellation)
+                self.loop.call_soon_threadsafe(self.loop.call_soon, delivered.set)
+                assert delivered.wait(10)
+            return real(*args, **kw)
         return call
 
 
@@ -155,9 +178,9 @@ def test_a_save_cancelled_at_each_of_its_awaits_lands_whole_or_not_at_all(
 
 
 def _restore(backend: Backend) -> None:
-    for name in ("aget_many", "aput_many", "aread_ref", "aread_refs", "awrite_ref",
-                 "adelete_ref", "alist", "alist_many", "adelete_many"):
+    for name in _NAMES:
         backend.__dict__.pop(name, None)
+        backend.__dict__.pop("a" + name, None)
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])

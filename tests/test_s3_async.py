@@ -292,7 +292,9 @@ def test_no_thread_per_call(moto_server: dict[str, Any]) -> None:
         await b.awrite_ref("refs/t", b"x", None)
         assert got[5] == {k: bytes([int(k[-1])]) for k in keys[1:]}
         assert handed == []
-        assert _threads() == before, {t.name for t in _threads() ^ before}
+        # (none started; one of another test's pools may end meanwhile: local disk's pool
+        # threads finish the deletions a commit deferred after it answered)
+        assert _threads() <= before, {t.name for t in _threads() - before}
         assert len(sent.ops("GetObject")) == sum(4 - n % 4 for n in range(200))
         assert {ident for _, _, ident in sent.requests} == {threading.get_ident()}
 

@@ -19,6 +19,7 @@ import builtins
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -204,10 +205,23 @@ class Backend(ABC):
     # I/O); memory:// answers inline and S3 is natively async (see their classes).
 
     async_threads = 8
+    # Capability: the async face is the sync one on ``run_blocking``'s pool (local disk), so a
+    # step may carry out its requests one after the other in one pool thread: one hand-off an
+    # operation, not one a request (``engine.steps.arun``).
+    pooled: bool = False
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         import asyncio  # (here: a process that never awaits a store does not import asyncio)
 
+        return await asyncio.get_running_loop().run_in_executor(self._threads(),
+                                                                partial(fn, *args))
+
+    def hand_off(self, fn: Callable[..., T], *args: Any) -> ConcurrentFuture[T]:
+        """``fn(*args)`` on this backend's thread pool (``engine.steps`` hands a step's
+        requests over in one call and awaits its own future of the result)."""
+        return self._threads().submit(fn, *args)
+
+    def _threads(self) -> ThreadPoolExecutor:
         pool = self._pool
         if pool is None:
             with _POOL_LOCK:
@@ -215,7 +229,7 @@ class Backend(ABC):
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
                         self.async_threads, thread_name_prefix="cas-checkpoint-io")
-        return await asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args))
+        return pool
 
     _pool: ThreadPoolExecutor | None = None
 

@@ -64,7 +64,7 @@ def _holder(fd: int) -> str:
 class LocalBackend(DurableFolders, Backend):
     """A local directory. Atomic by construction: readers see old or new bytes, never a part."""
 
-    exact_mtimes = atomic_delete = housekeeping = True
+    exact_mtimes = atomic_delete = housekeeping = pooled = True
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from concurrent.futures import Future as ConcurrentFuture
+from typing import Any, TypeVar
 
 import blake3
 
 from cas_checkpoint.backends import Backend, ObjectInfo
 from cas_checkpoint.errors import InvalidArgumentError
 from cas_checkpoint.format.sealing import HEADS, Keyring, is_sealed_key, open_head, seal_head
+
+T = TypeVar("T")
 
 
 class SealedBackend(Backend):
@@ -30,6 +33,7 @@ class SealedBackend(Backend):
         self.url = inner.url
         self.has_folders = inner.has_folders
         self.list_after = inner.list_after
+        self.pooled = inner.pooled  # (its sync methods seal as its async ones do)
 
     def prepare_folders(self, folders: Iterable[str], flush: bool = True) -> None:
         self.inner.prepare_folders(folders, flush)  # (packs and refs/heads keep their keys)
@@ -108,6 +112,9 @@ class SealedBackend(Backend):
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.inner.run_blocking(fn, *args)
+
+    def hand_off(self, fn: Callable[..., T], *args: Any) -> ConcurrentFuture[T]:
+        return self.inner.hand_off(fn, *args)
 
     async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return await self.inner.aget_many(keys)

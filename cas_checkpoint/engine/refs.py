@@ -542,7 +542,8 @@ class RefStore:
         """Delete packs no head of this thread names (its merges' parts); a failure leaves
         them to gc."""
         try:
-            yield DeleteMany([pack_key(p) for p in pids])
+            yield DeleteMany([pack_key(p) for p in pids], after=True)  # (after the ref:
+            # its caller need not wait for it; steps.Op.after)
         except CasError as exc:
             log.warning("could not delete %d replaced packs (gc will): %s", len(pids), exc)
         self.objects.forget(pids)

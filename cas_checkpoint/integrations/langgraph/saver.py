@@ -301,7 +301,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
                           task_id: str, task_path: str = "") -> None:
         got = self._writes_part(config, writes, task_id, task_path)
         if got is not None:
-            await self._groups.save(*got, await self._async_backend())
+            await self._groups.save(*got, await self._async_backend(), lead=False)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._learn()
