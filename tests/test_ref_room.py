@@ -33,7 +33,7 @@ def test_a_ref_file_of_the_old_size_still_reads(tmp_path: Any) -> None:
     backend = LocalBackend(str(tmp_path / "s"))
     backend.write_ref(KEY, b"h" * 10_000, None)
     real = ref_slots.slot_size
-    ref_slots.slot_size = lambda head_len, *_: _blocks(2 * (ref_slots.HEADER + head_len))  # old
+    ref_slots.slot_size = lambda head_len: _blocks(2 * (ref_slots.HEADER + head_len))  # old
     try:
         old = ref_slots.new_file(7, b"o" * 10_000)
     finally:
@@ -48,33 +48,3 @@ def test_a_ref_file_of_the_old_size_still_reads(tmp_path: Any) -> None:
     assert os.path.getsize(os.path.join(backend.root, KEY)) == 40 * 1024  # (in place)
     again = LocalBackend(backend.root).read_ref(KEY)
     assert again is not None and again[0] == b"n" * 11_000
-
-
-def test_a_head_growing_in_its_first_saves_rewrites_its_file_twice(tmp_path: Any,
-                                                                  monkeypatch: Any) -> None:
-    """A head that grows ~700 bytes a save from 644 to 19 KB in its first 27 saves (what
-    LangGraph's own tests do; 5-19 KB is where they stop): the file is written whole when new
-    and then 2 times (a rewrite is a new file, fsynced, renamed, its folder fsynced: two
-    journal commits where a slot update is one fdatasync); old code 4 times (room for a
-    quarter at each rewrite). A thread past its first ``YOUNG`` saves keeps the quarter."""
-    backend = LocalBackend(str(tmp_path / "s"))
-    whole: list[int] = []
-    real = ref_slots.new_file
-
-    def spy(seq: int, head: bytes, *a: Any) -> bytes:
-        whole.append(seq)
-        return real(seq, head, *a)
-
-    monkeypatch.setattr(ref_slots, "new_file", spy)
-    version = None
-    for i in range(27):
-        version = backend.write_ref(KEY, b"h" * (644 + 700 * i), version)
-    assert whole[0] == 1 and len(whole) == 3, whole
-    # later growth, by a quarter: a 40 KB head in a ref past its first saves
-    for _ in range(ref_slots.YOUNG):
-        version = backend.write_ref(KEY, b"h" * 19_000, version)
-    whole.clear()
-    version = backend.write_ref(KEY, b"h" * 40_000, version)
-    size = os.path.getsize(os.path.join(backend.root, KEY))
-    assert whole and size == 2 * _blocks((ref_slots.HEADER + 40_000) * 5 // 4)
-    assert backend.read_ref(KEY) is not None

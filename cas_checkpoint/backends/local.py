@@ -391,8 +391,7 @@ class LocalBackend(DurableFolders, Backend):
             if fd >= 0:
                 os.close(fd)
         seq = live.seq + 1 if live is not None else 1
-        # (a head that outgrew its slot in the thread's first saves: room to double)
-        whole = ref_slots.new_file(seq, data, live is not None and seq <= ref_slots.YOUNG)
+        whole = ref_slots.new_file(seq, data)
         tmp = self._write_tmp(path, whole)
         os.replace(tmp, path)
         self._fsync_dir(os.path.dirname(path))

@@ -45,21 +45,13 @@ def next_mark(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-YOUNG = 64  # a ref that outgrows its slot before this many updates is in its first saves
-
-
-def slot_size(head_len: int, young: bool = False) -> int:
+def slot_size(head_len: int) -> int:
     """The slot size of a new slotted file for a head of ``head_len`` bytes: room to grow by a
     quarter before the file is rewritten, in whole 4 KB blocks. (A head grows while its first
     checkpoints and inline objects come in, then stays within a band: room to double made a
     ref file ~4x its head, most of a LangGraph agent's store at 10-50 turns; a quarter costs
-    the agent benchmark +0.3-0.9 flushes a turn of ~35, for ~1/4 fewer bytes; issue 29.)
-    ``young``: the file is rewritten because its head outgrew its slot within its first
-    ``YOUNG`` updates, while the head is still growing (~700 bytes a save in LangGraph's own
-    tests, to 5-19 KB): room to double, so that those first saves rewrite the file once or
-    twice, not every few saves (a rewrite is a new file: two journal commits where a slot
-    update costs one ``fdatasync``); a thread past its first saves keeps the quarter."""
-    need = (HEADER + head_len) * 2 if young else (HEADER + head_len) * 5 // 4
+    the agent benchmark +0.3-0.9 flushes a turn of ~35, for ~1/4 fewer bytes; issue 29.)"""
+    need = (HEADER + head_len) * 5 // 4
     return max(BLOCK, -(-need // BLOCK) * BLOCK)
 
 
@@ -70,10 +62,10 @@ def fits(slot: int, head_len: int) -> bool:
     return need <= slot and not (slot > 16 * BLOCK and need * 8 < slot)
 
 
-def new_file(seq: int, head: bytes, young: bool = False) -> bytes:
+def new_file(seq: int, head: bytes) -> bytes:
     """A whole slotted file: ``head`` live in slot 0, slot 1 retired (a header with seq 0 and
-    no checksum), so that any slot without a header is damage. ``young``: see ``slot_size``."""
-    slot = slot_size(len(head), young)
+    no checksum), so that any slot without a header is damage."""
+    slot = slot_size(len(head))
     first = encode_slot(seq, head)
     second = _HEADER.pack(MAGIC, FORMAT, 0, 0, _RETIRED, 0)
     return first + bytes(slot - len(first)) + second + bytes(slot - len(second))
