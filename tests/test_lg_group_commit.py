@@ -438,3 +438,81 @@ def test_a_group_wakes_each_caller_once(tmp_path: Path, monkeypatch: pytest.Monk
         return ran[0]
 
     assert asyncio.run(main()) <= 3 * 10 + JOIN_ROUNDS + 5
+
+
+# --- the sync face (group.SyncGroups) -----------------------------------------------------------
+
+
+def test_sync_calls_in_flight_together_share_one_commit(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangGraph's sync loop calls put_writes and put from a thread pool. While one commit of
+    the thread is held up, the 8 pending writes that arrive go in the next commit together, and
+    every caller returns with its save durable. Old code: one commit per call (9)."""
+    saver = CasSaver.from_url(tmp_path / "s")
+    first = saver.put(conf("t"), checkpoint(0), {"step": 0}, {})
+    gate, entered = threading.Event(), threading.Event()
+    real = LocalBackend.write_ref
+    held = [True]
+
+    def write_ref(self: Any, *a: Any, **kw: Any) -> Any:
+        if held[0]:
+            held[0] = False
+            entered.set()
+            assert gate.wait(30)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(LocalBackend, "write_ref", write_ref)
+    before = saver._sync.commits
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            saver.put_writes(first, [(f"c{i}", i)], f"task{i}")
+        except BaseException as exc:  # (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(0,))]
+    threads[0].start()
+    assert entered.wait(30)  # the first commit is in flight, held
+    threads += [threading.Thread(target=write, args=(i,)) for i in range(1, 9)]
+    for t in threads[1:]:
+        t.start()
+    while sum(len(q) for q in saver._sync._queues.values()) < 8:
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert saver._sync.commits - before == 2
+    got = CasSaver.from_url(tmp_path / "s").get_tuple(first)
+    assert got is not None
+    assert sorted(v for _, _, v in got.pending_writes) == list(range(9))
+
+
+def test_a_sync_turn_makes_fewer_commits_than_calls(tmp_path: Path, meter: Meter,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-out graph through ``invoke``: the concurrent calls share commits (old code: a
+    compare-and-swap per call), and every turn's state is as before."""
+    saver = CasSaver.from_url(tmp_path / "s")
+    calls: Counter[str] = Counter()
+    for name in ("put", "put_writes"):
+        real = getattr(CasSaver, name)
+
+        def counted(self: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(CasSaver, name, counted)
+    graph = fan_graph(saver)
+    turns = 6
+    graph.invoke({"items": []}, conf("warm"))
+    meter.clear()
+    calls.clear()
+    for _ in range(turns):
+        graph.invoke({"items": []}, conf("t"))
+    n_calls = calls["put"] + calls["put_writes"]
+    assert n_calls >= 9 * turns, calls
+    assert meter.n["write_ref"] < n_calls, (meter.n, calls)
+    state = graph.get_state(conf("t"))
+    assert state.values["n"] == turns
+    assert sorted(state.values["items"]) == sorted(f"{w}{i}" for i in range(turns)
+                                                   for w in "abc")

@@ -42,7 +42,8 @@ OPERATIONS = {  # the qualified names of the steps that are public operations
     "Core.save": "save", "Core.load": "load", "Maintenance.gc": "gc",
     "Maintenance.verify": "verify", "Maintenance.prune": "prune",
     "Maintenance.expire": "expire", "copy_step": "copy",
-    "Steps._put": "save", "Steps._get_tuple": "load",  # CasSaver's put and get_tuple
+    "Steps._commit": "save", "Steps._get_tuple": "load",  # CasSaver's (group) commits of
+    # its puts and pending writes, and its get_tuple
 }
 
 _KINDS = {"GetMany": "get", "PutMany": "put", "ReadRef": "read_ref", "ReadRefs": "read_ref",

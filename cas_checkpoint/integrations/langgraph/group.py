@@ -47,6 +47,8 @@ async save does (``ops.arun``)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cas_checkpoint.backends import Backend
@@ -172,3 +174,75 @@ class Groups:
                 queue.parts.clear()
             if self._queues.get(key) is queue:
                 del self._queues[key]
+
+
+# --- the sync face -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _SyncCall:
+    """One sync caller's part; its outcome once committed, or ``lead`` when it is handed the
+    commit of its thread's queue."""
+
+    part: Part
+    event: threading.Event = field(default_factory=threading.Event)
+    outcome: CheckpointInfo | BaseException | None = None
+    lead: bool = False
+
+
+class SyncGroups:
+    """Group commit for the sync face: LangGraph's sync loop calls ``put`` and ``put_writes``
+    from a thread pool, most of them (80% in the agent benchmark) while another save of the
+    thread is being committed. A caller prepares its part under the thread's lock (so parts
+    queue in call order), then either commits everything queued for the thread (the leader) or
+    waits: a commit in flight, and each part that arrived meanwhile goes into the next, which
+    the first of them commits (leadership is handed over; nobody commits for long). Every
+    caller returns once the commit holding its part is durable, with its own result, or raises
+    its own error (the whole commit's, when that failed), as with the async face."""
+
+    def __init__(self, commit: Callable[[str, list[Part]], list[CheckpointInfo | Exception]]
+                 ) -> None:
+        self._commit = commit  # (a store thread's parts committed together: ``Core.commit``)
+        self._lock = threading.Lock()
+        self._queues: dict[str, list[_SyncCall]] = {}
+        self._busy: set[str] = set()  # store threads whose queue has a leader
+        self.commits = 0
+
+    def enqueue(self, name: str, part: Part) -> _SyncCall:
+        """Queue ``part`` for store thread ``name`` (call it in call order: under the lock)."""
+        call = _SyncCall(part)
+        with self._lock:
+            self._queues.setdefault(name, []).append(call)
+            if name not in self._busy:
+                self._busy.add(name)
+                call.lead = True
+        return call
+
+    def wait(self, name: str, call: _SyncCall) -> CheckpointInfo:
+        """``call``'s ``CheckpointInfo`` once the commit holding it is durable, or its error."""
+        while call.outcome is None:
+            if not call.lead:
+                call.event.wait()
+                call.event.clear()
+                continue
+            with self._lock:
+                batch = self._queues.pop(name, [])
+            self.commits += 1
+            got: list[CheckpointInfo | BaseException]
+            try:
+                got = list(self._commit(name, [c.part for c in batch]))
+            except BaseException as exc:  # the whole commit's error, in each of its callers
+                got = [exc] * len(batch)
+            with self._lock:
+                for c, result in zip(batch, got, strict=True):
+                    c.outcome, c.lead = result, False
+                    c.event.set()
+                after = self._queues.get(name)
+                if after:  # the next commit is the first waiting caller's to make
+                    after[0].lead = True
+                    after[0].event.set()
+                else:
+                    self._busy.discard(name)
+        if isinstance(call.outcome, BaseException):
+            raise call.outcome
+        return call.outcome

@@ -24,11 +24,13 @@ from langgraph.checkpoint.base import (
 )
 
 from cas_checkpoint.backends import Backend, open_backend_async
+from cas_checkpoint.engine.commit import Part
+from cas_checkpoint.engine.model import CheckpointInfo
 from cas_checkpoint.engine.steps import Step, arun, run
 from cas_checkpoint.errors import CasError, InvalidArgumentError
 from cas_checkpoint.format.codec import TypeRegistry
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
-from cas_checkpoint.integrations.langgraph.group import Groups
+from cas_checkpoint.integrations.langgraph.group import Groups, SyncGroups
 from cas_checkpoint.integrations.langgraph.keys import _key, _parse, _target
 from cas_checkpoint.integrations.langgraph.registry import _register_any, saver_registry, set_hooks
 from cas_checkpoint.integrations.langgraph.schemas import Learned
@@ -106,6 +108,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         self._core.refs.inline_max = INLINE_BYTES
         self._encoder = PutEncoder()  # the encodings of each thread's last put (encode.py)
         self._groups = Groups(self._core)  # the async face's group commits (group.py)
+        self._sync = SyncGroups(self._sync_commit)  # and the sync face's
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
 
@@ -124,6 +127,11 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
 
     def _run(self, step: Step[Any]) -> Any:
         return run(step, self._core.backend)
+
+    def _sync_commit(self, name: str, parts: list[Part]) -> list[CheckpointInfo | Exception]:
+        parsed = _parse(name)
+        return self._run(  # type: ignore[no-any-return]
+            self._commit(name if parsed is None else parsed[0], name, parts))
 
     async def _arun(self, step: Step[Any]) -> Any:
         return await arun(step, await self._async_backend())
@@ -172,6 +180,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone._learned = Learned()  # its registry learns the graphs it is called from
         clone._encoder = PutEncoder()  # (encodings made with its own registry)
         clone._groups = Groups(clone._core)
+        clone._sync = SyncGroups(clone._sync_commit)
         return clone
 
     def get_next_version(self, current: Any, channel: None) -> Any:
@@ -224,8 +233,17 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        with self._core.turns.hold(_key(*_target(config))):  # (LangGraph calls from a pool)
-            out = self._run(self._put(config, checkpoint, metadata, new_versions))
+        """(LangGraph calls from a pool: the saves of one thread in flight together share one
+        commit, ``group.SyncGroups``; each is prepared under the thread's lock, in call order.)"""
+        key = _key(*_target(config))
+        with self._core.turns.hold(key):
+            name, part, finish, tidy = self._run(self._put_part(config, checkpoint, metadata,
+                                                                new_versions))
+            call = self._sync.enqueue(name, part)
+        out = finish(self._sync.wait(name, call))
+        if tidy is not None:
+            with self._core.turns.hold(key):
+                self._run(tidy())
         if self._sweep_due():
             try:
                 self.sweep()
@@ -236,7 +254,11 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         with self._core.turns.hold(_key(*_target(config))):
-            self._run(self._put_writes(config, writes, task_id, task_path))
+            got = self._writes_part(config, writes, task_id, task_path)
+            if got is None:
+                return
+            call = self._sync.enqueue(*got)
+        self._sync.wait(got[0], call)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._learn()

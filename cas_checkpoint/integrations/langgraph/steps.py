@@ -120,21 +120,11 @@ class Steps:
                 out.append((name, *got))
         return out
 
-    def _commit_one(self, name: str, part: Part) -> Step[CheckpointInfo]:
-        """One prepared save committed alone (the sync face)."""
-        got = (yield from self._core.commit(name, [part]))[0]
-        if isinstance(got, Exception):
-            raise got
-        return got
-
-    def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-             new_versions: ChannelVersions) -> Step[RunnableConfig]:
-        name, part, finish, tidy = yield from self._put_part(config, checkpoint, metadata,
-                                                             new_versions)
-        out = finish((yield from self._commit_one(name, part)))
-        if tidy is not None:
-            yield from tidy()
-        return out
+    def _commit(self, thread_id: str, name: str, parts: list[Part]
+                ) -> Step[list[CheckpointInfo | Exception]]:
+        """A group of prepared saves of store thread ``name`` (of LangGraph thread
+        ``thread_id``: telemetry's span names it) committed together (``Core.commit``)."""
+        return (yield from self._core.commit(name, parts))
 
     def _put_part(self, config: RunnableConfig, checkpoint: Checkpoint,
                   metadata: CheckpointMetadata, new_versions: ChannelVersions
@@ -190,12 +180,6 @@ class Steps:
             yield from self._prune([thread_id], "keep_latest", ns)
 
         return name, part, finish, tidy if deltas else None
-
-    def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
-                    task_id: str, task_path: str) -> Step[None]:
-        got = self._writes_part(config, writes, task_id, task_path)
-        if got is not None:
-            yield from self._commit_one(*got)
 
     def _writes_part(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                      task_id: str, task_path: str) -> tuple[str, Part] | None:
