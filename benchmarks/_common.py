@@ -171,7 +171,11 @@ def tree_size(path: str) -> tuple[int, int]:
     n = size = 0
     for folder, _, files in os.walk(path):
         for name in files:
-            n, size = n + 1, size + os.path.getsize(os.path.join(folder, name))
+            try:  # (a writer deletes the packs its merges replaced just after a save answers)
+                size += os.path.getsize(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            n += 1
     return size, n
 
 
