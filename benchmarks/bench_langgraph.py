@@ -483,10 +483,16 @@ def print_many(steps: int) -> None:
                   f"{statistics.median(r.ms) / sq_ms:.2f}x / "
                   f"{statistics.median(r.cpu) / sq_cpu:.2f}x"] for r in rows]))
     cas = by["CasSaver local disk"]
-    ratio = statistics.median(cas.ms) / sq_ms
+    ratio = statistics.median(cas.cpu) / sq_cpu  # (CPU: wall time moves with the machine)
     print(f"Target (issue 29): a cold thread on a warm store object <= 1.5x SqliteSaver's "
           f"get_tuple on an open connection: {'MET' if ratio <= 1.5 else 'MISSED'} "
-          f"({ratio:.2f}x wall, {statistics.median(cas.cpu) / sq_cpu:.2f}x CPU, local disk)")
+          f"({ratio:.2f}x CPU, {statistics.median(cas.ms) / sq_ms:.2f}x wall, local disk, a "
+          "thread this process wrote)")
+    never = next((r for r in rows if "never read" in r.name), None)
+    if never is not None:
+        ratio = statistics.median(never.cpu) / sq_cpu
+        print(f"  ... a thread no store object of this process has read: "
+              f"{'MET' if ratio <= 1.5 else 'MISSED'} ({ratio:.2f}x CPU)")
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -569,9 +575,10 @@ def print_saves(steps: int) -> None:
     print(table(["saver", "ms/call", "CPU ms/call", "x InMemorySaver (wall, CPU)"],
                 [[n, f"{w:.3f}", f"{c:.3f}", f"{w / base[0]:.2f}x, {c / base[1]:.2f}x"]
                  for n, (w, c) in med.items()]))
-    ratio = med["CasSaver memory://"][0] / base[0]
+    ratio = med["CasSaver memory://"][1] / base[1]  # (CPU: wall time moves with the machine)
     print(f"target: CasSaver memory:// saves <= 3x InMemorySaver's: "
-          f"{'MET' if ratio <= 3 else 'MISSED'} ({ratio:.2f}x)")
+          f"{'MET' if ratio <= 3 else 'MISSED'} ({ratio:.2f}x CPU, "
+          f"{med['CasSaver memory://'][0] / base[0]:.2f}x wall)")
 
 
 def main() -> None:
