@@ -9,7 +9,7 @@ import os
 import random
 import subprocess
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from cas_checkpoint import CheckpointStore
@@ -107,4 +107,29 @@ def count_s3(store: CheckpointStore) -> Counter[str]:
         return await real(method, *a, **kw)
 
     fs._call_s3 = counting
+    return calls
+
+
+def present_bytes(paths: Iterable[Any]) -> int:
+    """The bytes of the files among ``paths`` still there (a writer deletes the packs its
+    merges replaced just after a save answers: one listed may be gone by now)."""
+    out = 0
+    for p in paths:
+        try:
+            out += os.stat(p).st_size
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def count_calls(monkeypatch: Any, cls: type, names: Iterable[str]) -> Counter[str]:
+    """Calls of these methods of ``cls`` from here on, by name (each still runs)."""
+    calls: Counter[str] = Counter()
+    for name in names:
+        real = getattr(cls, name)
+
+        def counted(self: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(cls, name, counted)
     return calls

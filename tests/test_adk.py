@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("google.adk", reason="needs the adk extra: pip install -e '.[adk]'")
 
+from builders import present_bytes  # noqa: E402
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.errors import StaleSessionError  # noqa: E402
 from google.adk.events import Event, EventActions  # noqa: E402
@@ -146,18 +147,6 @@ asyncio.run(main())
     assert said == ["call add", "the sum is 2"]
 
 
-def _bytes(files: set[Path]) -> int:
-    """The bytes of ``files`` still there (a writer deletes the packs its merges replaced
-    just after a save answers: one listed may be gone by now)."""
-    out = 0
-    for p in files:
-        try:
-            out += p.stat().st_size
-        except FileNotFoundError:
-            pass
-    return out
-
-
 def test_fork_writes_no_event_and_branches_diverge(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
 
@@ -168,12 +157,12 @@ def test_fork_writes_no_event_and_branches_diverge(tmp_path: Path) -> None:
         for i in range(100):  # ~100 KB of events after the fork point
             await service.append_event(s1, text_event(i))
         files = {p for p in Path(url).rglob("*") if p.is_file()}
-        size = _bytes(files)
+        size = present_bytes(files)
         cut = s1.events[3].id
         fork = await service.fork_session(app_name=APP, user_id=USER, session_id="s1",
                                           new_session_id="s2", at_event_id=cut)
         added = {p for p in Path(url).rglob("*") if p.is_file()} - files
-        grown = _bytes({p for p in Path(url).rglob("*") if p.is_file()}) - size
+        grown = present_bytes({p for p in Path(url).rglob("*") if p.is_file()}) - size
         # a fork writes a ref (its head: ids, no events), no object: no event is copied
         assert added and all(p.relative_to(url).parts[0] == "refs" for p in added), added
         assert grown < 20_000, grown

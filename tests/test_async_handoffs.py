@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import count_calls
 
 from cas_checkpoint.aio import AsyncCheckpointStore
 from cas_checkpoint.backends.local import LocalBackend
@@ -97,13 +98,7 @@ def test_the_agent_benchmarks_turn_hands_off_once_per_commit(
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import bench_agent_app as bench
 
-    calls: Counter[str] = Counter()
-    real = CasSaver.aget_tuple
-
-    def counted(self: Any, *a: Any, **kw: Any) -> Any:
-        calls["aget_tuple"] += 1
-        return real(self, *a, **kw)
-    monkeypatch.setattr(CasSaver, "aget_tuple", counted)
+    calls = count_calls(monkeypatch, CasSaver, ("aget_tuple",))
     saver = CasSaver.from_url(tmp_path / "s")
     graph = bench.build_graph(saver, True)
     turns = 8

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from builders import count_calls
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -141,14 +142,7 @@ def test_a_turn_makes_fewer_compare_and_swaps_than_calls(tmp_path: Path, meter: 
     now the concurrent ones share commits. Every turn's state and writes are as before, and
     no backend call and no fsync ran on the event loop's thread."""
     saver = CasSaver.from_url(tmp_path / "s")
-    calls: Counter[str] = Counter()
-    for name in ("aput", "aput_writes"):
-        real = getattr(CasSaver, name)
-
-        def counted(self: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            calls[_name] += 1
-            return _real(self, *a, **kw)
-        monkeypatch.setattr(CasSaver, name, counted)
+    calls = count_calls(monkeypatch, CasSaver, ("aput", "aput_writes"))
     graph = fan_graph(saver)
     turns = 6
 
@@ -314,13 +308,7 @@ def test_the_agent_benchmarks_turn(tmp_path: Path, meter: Meter,
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import bench_agent_app as bench
 
-    calls: Counter[str] = Counter()
-    real = CasSaver.aput
-
-    def counted(self: Any, *a: Any, **kw: Any) -> Any:
-        calls["aput"] += 1
-        return real(self, *a, **kw)
-    monkeypatch.setattr(CasSaver, "aput", counted)
+    calls = count_calls(monkeypatch, CasSaver, ("aput",))
     whole = Counter[str]()
     write_tmp = LocalBackend._write_tmp
 
@@ -365,13 +353,7 @@ def test_pending_writes_wait_for_the_steps_put(tmp_path: Path, meter: Meter,
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import bench_agent_app as bench
 
-    calls: Counter[str] = Counter()
-    real = CasSaver.aput
-
-    def counted(self: Any, *a: Any, **kw: Any) -> Any:
-        calls["aput"] += 1
-        return real(self, *a, **kw)
-    monkeypatch.setattr(CasSaver, "aput", counted)
+    calls = count_calls(monkeypatch, CasSaver, ("aput",))
     saver = CasSaver.from_url(tmp_path / "s")
     graph = bench.build_graph(saver, True)
     turns = 8
@@ -494,14 +476,7 @@ def test_a_sync_turn_makes_fewer_commits_than_calls(tmp_path: Path, meter: Meter
     """The fan-out graph through ``invoke``: the concurrent calls share commits (old code: a
     compare-and-swap per call), and every turn's state is as before."""
     saver = CasSaver.from_url(tmp_path / "s")
-    calls: Counter[str] = Counter()
-    for name in ("put", "put_writes"):
-        real = getattr(CasSaver, name)
-
-        def counted(self: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            calls[_name] += 1
-            return _real(self, *a, **kw)
-        monkeypatch.setattr(CasSaver, name, counted)
+    calls = count_calls(monkeypatch, CasSaver, ("put", "put_writes"))
     graph = fan_graph(saver)
     turns = 6
     graph.invoke({"items": []}, conf("warm"))

@@ -24,6 +24,7 @@ pytest.importorskip("agents", reason="needs the openai-agents extra: "
 
 from agents import Agent, Runner, SQLiteSession, function_tool  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from builders import present_bytes  # noqa: E402
 
 from cas_checkpoint import CasError, CheckpointStore, FormatError  # noqa: E402
 from cas_checkpoint.integrations.openai_agents import CasSession  # noqa: E402
@@ -92,17 +93,9 @@ def objects_bytes(url: str) -> int:
     """Bytes of a local store's files outside refs/ (its objects and packs), once gc has
     dropped what nothing names (a save may merge packs, leaving the parts until gc)."""
     CheckpointStore.open(url).gc(grace=timedelta(0), repack=True)
-    return sum(_size(p) for p in Path(url).rglob("*")
-               if p.is_file() and p.relative_to(url).parts[0] != "refs")
+    return present_bytes(p for p in Path(url).rglob("*")
+                         if p.is_file() and p.relative_to(url).parts[0] != "refs")
 
-
-def _size(p: Path) -> int:
-    """(0 for a file gone since listed: a writer deletes the packs its merges replaced just
-    after a save answers)"""
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def test_branch_from_turn_shares_items_and_fork_writes_only_refs(tmp_path: Path) -> None:

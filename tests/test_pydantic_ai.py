@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai extra: "
                     "pip install -e '.[pydantic-ai]'")
 
+from builders import present_bytes  # noqa: E402
 from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.conversation import Conversation  # noqa: E402
 from pydantic_ai.conversation_store import (  # noqa: E402
@@ -319,17 +320,9 @@ def objects_bytes(url: str) -> int:
     """Bytes of a local store's objects and packs once gc has dropped what nothing names (a
     save may merge packs, leaving the parts behind until gc)."""
     CheckpointStore.open(url).gc(grace=timedelta(0), repack=True)
-    return sum(_size(p) for p in Path(url).rglob("*")
-               if p.is_file() and p.relative_to(url).parts[0] != "refs")
+    return present_bytes(p for p in Path(url).rglob("*")
+                         if p.is_file() and p.relative_to(url).parts[0] != "refs")
 
-
-def _size(p: Path) -> int:
-    """(0 for a file gone since listed: a writer deletes the packs its merges replaced just
-    after a save answers)"""
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def test_fork_and_branch_copy_no_message(tmp_path: Path) -> None:
