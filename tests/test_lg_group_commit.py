@@ -491,3 +491,55 @@ def test_a_sync_turn_makes_fewer_commits_than_calls(tmp_path: Path, meter: Meter
     assert state.values["n"] == turns
     assert sorted(state.values["items"]) == sorted(f"{w}{i}" for i in range(turns)
                                                    for w in "abc")
+
+
+def test_a_failed_sync_commit_fails_each_of_its_callers_and_not_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage refuses the commit that holds 8 queued pending writes: each of their callers
+    gets that error (none hangs, none reports a save that did not land), and the thread's
+    next save commits (the queue's leadership was handed on)."""
+    from cas_checkpoint.errors import StorageError
+
+    saver = CasSaver.from_url(tmp_path / "s")
+    first = saver.put(conf("t"), checkpoint(0), {"step": 0}, {})
+    gate, entered = threading.Event(), threading.Event()
+    real = LocalBackend.write_ref
+    seen = [0]
+
+    def write_ref(self: Any, *a: Any, **kw: Any) -> Any:
+        seen[0] += 1
+        if seen[0] == 1:  # the first commit: held until the others queue
+            entered.set()
+            assert gate.wait(30)
+        elif seen[0] == 2:  # the next one, holding the 8: refused
+            raise StorageError("the disk is full; free space and save again")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(LocalBackend, "write_ref", write_ref)
+    outcomes: dict[int, BaseException | None] = {}
+
+    def write(i: int) -> None:
+        try:
+            saver.put_writes(first, [(f"c{i}", i)], f"task{i}")
+            outcomes[i] = None
+        except BaseException as exc:  # (checked below)
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=write, args=(0,))]
+    threads[0].start()
+    assert entered.wait(30)
+    threads += [threading.Thread(target=write, args=(i,)) for i in range(1, 9)]
+    for t in threads[1:]:
+        t.start()
+    while sum(len(q) for q in saver._sync._queues.values()) < 8:
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert outcomes[0] is None
+    assert all(isinstance(outcomes[i], StorageError) for i in range(1, 9)), outcomes
+    saver.put_writes(first, [("after", 99)], "task-after")  # not stuck
+    got = CasSaver.from_url(tmp_path / "s").get_tuple(first)
+    assert got is not None
+    assert sorted(v for _, _, v in got.pending_writes) == [0, 99]
