@@ -105,14 +105,25 @@ def prepare(tests: Path, work: Path) -> Path:
     return dest
 
 
+def inner_env(backends: list[str], results: Path, *, strict: bool) -> dict[str, str]:
+    """The environment of the pytest run over LangGraph's tests: ours, less what an outer
+    pytest-xdist worker set (run from tests/test_lg_suite.py under ``pytest -n 2``, the inner
+    controller inherited PYTEST_XDIST_WORKER, took itself for a worker and wrote no results:
+    "0 runs")."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTEST_XDIST_") and k != "PYTEST_CURRENT_TEST"}
+    env.update(NO_DOCKER="true", CAS_LG_BACKENDS=",".join(backends),
+               CAS_LG_RESULTS=str(results),
+               LANGGRAPH_STRICT_MSGPACK="true" if strict else "false",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
 def run_pytest(work: Path, files: list[str], backends: list[str], *, strict: bool,
                workers: int, timeout: float, verbose: bool) -> list[dict[str, Any]]:
     results = work / f"results-{'strict' if strict else 'default'}.jsonl"
     results.unlink(missing_ok=True)
-    env = dict(os.environ, NO_DOCKER="true", CAS_LG_BACKENDS=",".join(backends),
-               CAS_LG_RESULTS=str(results),
-               LANGGRAPH_STRICT_MSGPACK="true" if strict else "false",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = inner_env(backends, results, strict=strict)
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=short" if verbose else "--tb=no",
            "-rN", *[f"tests/{f}" for f in files]]
     if workers > 1:

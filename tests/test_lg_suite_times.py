@@ -38,3 +38,18 @@ def test_durations_sum_the_phases_of_the_tests_every_saver_ran(
     out = capsys.readouterr().out
     assert "cas_local" in out and "4.00x memory, 2.00x sqlite" in out
     assert "(2.00x memory)" in out and "(0.50x sqlite)" in out  # the references side by side
+
+
+def test_the_inner_run_is_not_taken_for_an_outer_xdist_worker(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Under ``pytest -n 2`` the harness's own pytest inherited PYTEST_XDIST_WORKER, so its
+    controller took itself for a worker and wrote no results (test_lg_suite: "0 runs")."""
+    suite = _suite()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "abc")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_lg_suite.py::x (call)")
+    monkeypatch.setenv("CAS_MARKER", "kept")
+    env = suite.inner_env(["cas_local"], tmp_path / "r.jsonl", strict=False)
+    assert not [k for k in env if k.startswith("PYTEST_XDIST_") or k == "PYTEST_CURRENT_TEST"]
+    assert env["CAS_MARKER"] == "kept" and env["CAS_LG_BACKENDS"] == "cas_local"
+    assert env["CAS_LG_RESULTS"] == str(tmp_path / "r.jsonl")
