@@ -12,6 +12,7 @@ PREFIX = "lg:"
 
 
 _NAMES: dict[tuple[str, str], str] = {}  # recent short (thread_id, ns), exactly str -> names
+_PARSED: dict[str, tuple[str, str]] = {}  # and back: what ``parse_name`` gives of those names
 NAMES_MAX = 4096
 NAME_CHARS = 512  # (thread_id, ns) of more characters in all are not remembered
 
@@ -25,7 +26,9 @@ def name_of(thread_id: str, ns: str) -> str:
             got = _name_of(thread_id, ns)
             if len(_NAMES) >= NAMES_MAX:
                 _NAMES.clear()
+                _PARSED.clear()
             _NAMES[thread_id, ns] = got
+            _PARSED[got] = (thread_id, ns)
         return got
     return _name_of(thread_id, ns)
 
@@ -36,6 +39,9 @@ def _name_of(thread_id: str, ns: str) -> str:
 
 def parse_name(name: str) -> tuple[str, str] | None:
     """``(thread_id, checkpoint_ns)`` of a store thread CasSaver writes, else None."""
+    known = _PARSED.get(name)
+    if known is not None:  # (a name ``name_of`` made: its inverse)
+        return known
     if not name.startswith(PREFIX):
         return None
     try:
