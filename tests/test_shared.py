@@ -245,10 +245,11 @@ def test_merging_packs_this_process_wrote_hashes_none_of_their_objects(monkeypat
 
 
 def test_memory_ref_versions_are_those_of_the_bytes_there() -> None:
-    """The memory backend remembers each ref's version with its bytes (a save does not hash the
-    ref it replaces again), and compares the bytes: a ref changed behind its back (a rewrite of
-    the file, of the same size) has the version of its new bytes, and a compare-and-swap that
-    expects the old one loses."""
+    """The memory backend remembers each ref's version with its bytes (a save hashes neither
+    the ref it replaces nor the one it writes: a ref it wrote is versioned by a write counter),
+    and compares the bytes: a ref changed behind its back (a rewrite of the file, of the same
+    size) has the version of its new bytes, and a compare-and-swap that expects the old one
+    loses."""
     import blake3
 
     from cas_checkpoint.backends import RefMismatch
@@ -256,8 +257,10 @@ def test_memory_ref_versions_are_those_of_the_bytes_there() -> None:
     store = CheckpointStore.open(_url())
     backend = store.backend
     v1 = backend.write_ref("refs/x", b"one", None)
-    assert v1 == blake3.blake3(b"one").hexdigest()
+    assert v1 != blake3.blake3(b"one").hexdigest()  # (not hashed)
     assert backend.read_ref("refs/x") == (b"one", v1)
+    assert backend.write_ref("refs/x", b"one", v1) not in (v1, blake3.blake3(b"one").hexdigest())
+    v1 = backend.read_ref("refs/x")[1]  # (the same bytes written again: a new version)
     backend.fs.pipe_file(f"{backend.root}/refs/x", b"two")  # not through write_ref
     got = backend.read_ref("refs/x")
     assert got == (b"two", blake3.blake3(b"two").hexdigest())

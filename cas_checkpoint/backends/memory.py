@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +25,11 @@ class MemoryBackend(Backend):
     # the version of each ref as last written or read, with its bytes (a ref is compared with
     # them, a memcmp, instead of being hashed again: a save reads its ref's version, then writes)
     _versions: dict[str, tuple[bytes, str]] = {}
+    # A ref written here (of at most VERSION_BYTES) is versioned by a write counter, not
+    # hashed: ``w<n>`` stands for these bytes while they are remembered, and no other bytes
+    # ever get it. Forgotten (more than VERSIONS_KEPT refs), the same bytes read as their
+    # hash: a writer that held ``w<n>`` loses one compare-and-swap and reads the ref again.
+    _writes = itertools.count()
 
     def __init__(self, fs: Any, root: str) -> None:
         from fsspec.implementations.memory import MemoryFile  # (fsspec only for memory://)
@@ -104,15 +110,17 @@ class MemoryBackend(Backend):
                 self._file(self.fs, path, data).commit()
             else:
                 self.fs.pipe_file(path, data)
-            version = _version(data)
+            if len(data) <= VERSION_BYTES:
+                version = f"w{next(self._writes)}"
+            else:
+                version = _version(data)
             self._remember_version(path, data, version)
         return version
 
     def read_ref_unlocked(self, key: str) -> str | None:
-        try:
-            return _version(self.get(key))
-        except NotFoundError:
-            return None
+        path = self._path(key)
+        f = self.fs.store.get(path)
+        return None if f is None else self._version_of(path, bytes(f.getbuffer()))
 
     def delete_ref(self, key: str, expected: str) -> None:
         with self._lock:

@@ -67,6 +67,8 @@ def replaced(old: Head, new: Head) -> list[ObjectId]:
     neither marks held (shared with another thread's ref). When ``new`` has a new archive, the
     packs of archive level that ``old`` named may be listed there: not those (at worst, a
     merge's part left to gc)."""
+    if old.packs == new.packs and old.archive == new.archive:
+        return []  # (most commits: the same packs, new objects inline)
     gone = named(old) - named(new) - old.held - new.held
     if new.archive is not None and new.archive != old.archive:
         gone -= {p.id for p in old.packs if not is_live(p) and p.level >= ARCHIVE_LEVEL}

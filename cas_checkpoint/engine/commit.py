@@ -152,8 +152,10 @@ def commit(core: Core, thread_id: str, parts: list[Part],
             new.update(segments)
             # The next part's check reads this head: its new log segments ride in it
             # (inline) until the group's objects are staged below.
-            head = Head(after.thread_id, after.head, after.head_step, after.peaks, after.tail,
-                        after.packs, after.inline + tuple(segments.values()), after.lineage)
+            head = after if not segments else Head(
+                after.thread_id, after.head, after.head_step, after.peaks, after.tail,
+                after.packs, after.inline + tuple(segments.values()), after.lineage,
+                after.archive, after.held)
         if all(p.entry is None for p in parts):
             raise _NoneLeft
         done["base"], done["lineage"], done["skip"], done["new"] = (

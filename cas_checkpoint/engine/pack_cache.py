@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
-from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.heads import Head, PackRef
 
 
 class Cached(Protocol):
@@ -48,6 +48,7 @@ class PackCache(Generic[Pack]):
         self.limit = limit
         self.lock = threading.Lock()
         self._owners: OrderedDict[str, frozenset[str]] = OrderedDict()  # thread -> its packs
+        self._named: dict[str, tuple[PackRef, ...]] = {}  # thread -> the packs tuple they are of
         self._uses: dict[str, int] = {}  # pack id -> how many tracked threads name it
         self._counted: dict[str, int] = {}  # pack id -> the bytes ``bytes`` counts it at
 
@@ -85,16 +86,24 @@ class PackCache(Generic[Pack]):
         the thread's; those its previous head named and it does not, and those of a thread
         no longer among the ``OWNED_THREADS`` used last, are let go of unless another tracked
         thread names them."""
-        thread, pids = head.thread_id, frozenset(p.id for p in head.packs)
+        thread, packs = head.thread_id, head.packs
+        with self.lock:  # (most commits: the packs its last head named, new objects inline)
+            if self._named.get(thread) is packs:
+                self._owners.move_to_end(thread)
+                return
+        pids = frozenset(p.id for p in packs)
         gone: list[str] = []
         with self.lock:
             old = self._owners.pop(thread, frozenset())
             self._owners[thread] = pids
+            self._named[thread] = packs
             if old != pids:
                 self._release(old - pids, gone)
                 self._add(pids - old)
             while len(self._owners) > OWNED_THREADS:
-                self._release(self._owners.popitem(last=False)[1], gone)
+                dropped, owned = self._owners.popitem(last=False)
+                self._named.pop(dropped, None)
+                self._release(owned, gone)
         if gone and self.on_release is not None:
             self.on_release(gone)
 

@@ -14,6 +14,7 @@ from cas_checkpoint.format import codec
 from cas_checkpoint.format.objects import ObjectId, node_bytes, object_id
 from cas_checkpoint.tree.cuts import (
     LEAF_MAX_ITEMS,
+    SCAN_DIRECT,
     Walker,
     item_ends,
     plain_cuts,
@@ -243,21 +244,33 @@ class _Builder(Nodes):
         return self._index(ids, shape)
 
     def mapping(self, value: dict[Any, Any], data: bytes | memoryview) -> ObjectId | _Inline:
-        walker = Walker(data)
-        if walker.unpacker.read_map_header() != len(value):
-            raise AssertionError("codec and msgpack disagree on a dict's length")
-        pairs: list[_Item] = []
-        pos = walker.tell()
         view = memoryview(data)
-        for item in value.values():
-            walker.skip()
-            mid = walker.tell()
-            walker.skip(item)
-            end = walker.tell()
-            raw = view[mid:end]
-            big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
-            pairs.append((view[pos:mid], raw, self.subtree(item, raw) if big else None))
-            pos = end
+        pairs: list[_Item] = []
+        if len(view) <= SCAN_DIRECT:  # where each key and value ends, in one C loop
+            head = map_header(len(value))
+            if bytes(view[:len(head)]) != head:
+                raise AssertionError("codec and msgpack disagree on a dict's length")
+            ends = item_ends(view, len(head), 2 * len(value))
+            starts = [len(head), *ends[1::2]]
+            for item, pos, mid, end in zip(value.values(), starts, ends[::2], ends[1::2],
+                                           strict=False):
+                raw = view[mid:end]
+                big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
+                pairs.append((view[pos:mid], raw, self.subtree(item, raw) if big else None))
+        else:
+            walker = Walker(data)
+            if walker.unpacker.read_map_header() != len(value):
+                raise AssertionError("codec and msgpack disagree on a dict's length")
+            pos = walker.tell()
+            for item in value.values():
+                walker.skip()
+                mid = walker.tell()
+                walker.skip(item)
+                end = walker.tell()
+                raw = view[mid:end]
+                big = len(raw) > SPLIT_MIN and type(item) in (list, tuple, dict, str, bytes)
+                pairs.append((view[pos:mid], raw, self.subtree(item, raw) if big else None))
+                pos = end
         if len(pairs) <= DICT_SPLIT_KEYS:
             return self._leaf(pairs, map_header)
         return self._index(self._leaves(pairs, map_header), DICT)

@@ -89,6 +89,22 @@ def _attrs(items: list[Any]) -> tuple[list[int], list[Any]]:
     return lens, flat
 
 
+_KEYS: dict[str, bytes] = {}  # recent channel and field names (exactly str) -> their bytes
+KEYS_KEPT = 4096
+
+
+def _key(name: str) -> bytes:
+    """``encode_nested(name, ...)`` of a str (the same at any depth, whatever the types)."""
+    got = _KEYS.get(name)
+    if got is None:
+        got = encode_nested(name, 0)
+        if len(name) <= 256:
+            if len(_KEYS) >= KEYS_KEPT:
+                _KEYS.clear()
+            _KEYS[name] = got
+    return got
+
+
 _DICT = attrgetter("__dict__")
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None), list, dict, tuple})
 
@@ -159,16 +175,26 @@ class PutEncoder:
         if not isinstance(versions, Mapping):
             versions = {}
         kept: dict[str, _Value] = {}
+        run: dict[Any, Any] = {}  # the items around channel_values, each run in one call
+
+        def flush() -> None:
+            if run:  # (a map's pairs are its keys' and values' bytes after its header)
+                parts.append(encode_nested(run, 0, types=types)[len(map_header(len(run))):])
+                run.clear()
+
         try:
             parts = [map_header(len(state))]
             for name, value in state.items():
-                parts.append(encode_nested(name, 1, types=types))
                 if name != "channel_values":
-                    parts.append(encode_nested(value, 1, types=types))
+                    run[name] = value
                     continue
+                flush()
+                parts.append(_key(name) if type(name) is str
+                             else encode_nested(name, 1, types=types))
                 parts.append(map_header(len(values)))
                 for channel, cv in values.items():
-                    parts.append(encode_nested(channel, 2, types=types))
+                    parts.append(_key(channel) if type(channel) is str
+                                 else encode_nested(channel, 2, types=types))
                     was = old.values.get(channel) if old is not None else None
                     changed = was is None or channel in new_versions
                     if was is None and root is not None and type(cv) is list:
@@ -179,6 +205,7 @@ class PutEncoder:
                     parts.append(got.data)
                     if type(channel) is str:
                         kept[channel] = got
+            flush()
         except Exception:  # (SerializationError; or an object's __getattr__ that raised)
             return state  # the save encodes it whole: its error names the value's place
         self._remember(key, kept, state.get("id"))

@@ -182,10 +182,11 @@ class Groups:
 @dataclass(slots=True)
 class _SyncCall:
     """One sync caller's part; its outcome once committed, or ``lead`` when it is handed the
-    commit of its thread's queue."""
+    commit of its thread's queue. ``event``: what a caller that found a commit in flight waits
+    on (None for one that leads at once: it never waits, so it makes none)."""
 
     part: Part
-    event: threading.Event = field(default_factory=threading.Event)
+    event: threading.Event | None = None
     outcome: CheckpointInfo | BaseException | None = None
     lead: bool = False
 
@@ -216,12 +217,15 @@ class SyncGroups:
             if name not in self._busy:
                 self._busy.add(name)
                 call.lead = True
+            else:
+                call.event = threading.Event()
         return call
 
     def wait(self, name: str, call: _SyncCall) -> CheckpointInfo:
         """``call``'s ``CheckpointInfo`` once the commit holding it is durable, or its error."""
         while call.outcome is None:
             if not call.lead:
+                assert call.event is not None  # (a caller that did not lead at once)
                 call.event.wait()
                 call.event.clear()
                 continue
@@ -236,10 +240,12 @@ class SyncGroups:
             with self._lock:
                 for c, result in zip(batch, got, strict=True):
                     c.outcome, c.lead = result, False
-                    c.event.set()
+                    if c.event is not None:
+                        c.event.set()
                 after = self._queues.get(name)
                 if after:  # the next commit is the first waiting caller's to make
                     after[0].lead = True
+                    assert after[0].event is not None  # (it queued behind this commit)
                     after[0].event.set()
                 else:
                     self._busy.discard(name)
