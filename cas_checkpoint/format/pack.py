@@ -341,8 +341,10 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
 
 
-SCRATCH_MAX = 1 << 19  # a compressed body of up to this many plain bytes may be read through
-# one of a thread's scratch buffers; each thread keeps the bodies of the last SCRATCH_KEPT packs
+SCRATCH_MIN = 1 << 16  # a compressed body of this many plain bytes...
+SCRATCH_MAX = 1 << 19  # ...up to this many is read through one of a thread's scratch buffers
+# (a smaller one is decompressed and kept: memory the process reuses, and little of it); each
+# thread keeps the bodies of the last SCRATCH_KEPT packs
 SCRATCH_KEPT = 16  # it read there (more than the 14 a head names), in SCRATCH_BYTES at most
 SCRATCH_BYTES = 1 << 21
 _SCRATCH = threading.local()  # this thread's [(stored pack, buffer, body size, body start)]
@@ -352,13 +354,13 @@ def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
     """The decompressed body of the compressed pack ``stored`` (the very bytes object), and
     where the body starts in the plain pack (an index offset less that is an offset in the
     body), in one of this thread's scratch buffers; None for a pack that is not compressed or
-    whose body is over ``SCRATCH_MAX`` bytes. The buffers are reused: a cold read of a pack
-    whose body the caches do not keep decompressed copies out the objects it takes (a kept
-    body would be ~5x the bytes a read of the newest state takes, and memory fresh to the
-    process each time). The view is valid until this thread's next call: the caller copies
-    what it needs, then releases it. The body of each of the thread's last ``SCRATCH_KEPT``
-    packs stays decompressed: a read that takes a tree level at a time decompresses each
-    pack once."""
+    whose body is under ``SCRATCH_MIN`` or over ``SCRATCH_MAX`` bytes. The buffers are
+    reused: a cold read of a pack whose body the caches do not keep decompressed copies out
+    the objects it takes (a kept body would be ~5x the bytes a read of the newest state
+    takes, in memory fresh to the process each time). The view is valid until this thread's
+    next call: the caller copies what it needs, then releases it. The bodies of the thread's
+    last ``SCRATCH_KEPT`` packs stay decompressed: a read that takes a tree level at a time
+    decompresses each pack once."""
     kept: list[list[Any]] | None = getattr(_SCRATCH, "kept", None)
     if kept is None:
         kept = _SCRATCH.kept = []
@@ -368,7 +370,7 @@ def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
                 kept.append(kept.pop(i))
             return memoryview(entry[1])[:entry[2]].toreadonly(), entry[3]
     view, body, _, _, total = _header(stored)
-    if not view[5] & ZSTD or total > SCRATCH_MAX:
+    if not view[5] & ZSTD or not SCRATCH_MIN <= total <= SCRATCH_MAX:
         return None
     spare = bytearray()  # (the biggest buffer let go of, for this body if it is big enough:
     held = sum([len(entry[1]) for entry in kept])  # a thread's buffers settle at the sizes of
