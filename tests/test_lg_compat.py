@@ -278,7 +278,7 @@ def test_a_new_saver_per_request_parses_and_hashes_nothing_again(
     or hashed again. Old code, local disk: every new saver parsed (and hashed) the thread's
     packs, decoded its head and joined its state again (here 4 packs parsed, 1 head decoded,
     1 state joined and 50 objects hashed a read)."""
-    from cas_checkpoint.engine import object_store
+    from cas_checkpoint.engine import pack_reads
     from cas_checkpoint.engine.object_store import ObjectStore
     from cas_checkpoint.format.heads import Head
     from cas_checkpoint.tree import build as tree
@@ -303,10 +303,10 @@ def test_a_new_saver_per_request_parses_and_hashes_nothing_again(
     monkeypatch.setattr(ObjectStore, "parse", counting("packs parsed", ObjectStore.parse))
     monkeypatch.setattr(Head, "decode", staticmethod(counting("heads decoded", Head.decode)))
     monkeypatch.setattr(tree, "load", counting("states joined", tree.load))
-    monkeypatch.setattr(object_store, "object_id",
-                        counting("objects hashed", object_store.object_id))
-    real_ids = object_store.object_ids
-    monkeypatch.setattr(object_store, "object_ids", lambda views: (
+    monkeypatch.setattr(pack_reads, "object_id",
+                        counting("objects hashed", pack_reads.object_id))
+    real_ids = pack_reads.object_ids
+    monkeypatch.setattr(pack_reads, "object_ids", lambda views: (
         counts.__setitem__("objects hashed", counts["objects hashed"] + len(views))
         or real_ids(views)))
     for _ in range(3):

@@ -377,7 +377,7 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     LangGraph's background writes racing its saves)."""
     import threading
 
-    from cas_checkpoint.engine import object_store
+    from cas_checkpoint.engine import object_store, pack_reads
     from cas_checkpoint.format.objects import object_id
     from cas_checkpoint.format.pack import encode_pack
 
@@ -385,7 +385,7 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
     data = encode_pack(objs)  # type: ignore[arg-type]
     pack = object_store.parse_pack(object_id(data), data)
     started, release = threading.Event(), threading.Event()
-    real = object_store.object_id
+    real = pack_reads.object_id
     calls = {"n": 0}
 
     def slow(obj: Any) -> Any:
@@ -395,7 +395,7 @@ def test_a_pack_read_by_two_threads_at_once_lists_every_object(monkeypatch: Any)
             release.wait(5)  # the first reader stops part-way through
         return real(obj)
 
-    monkeypatch.setattr(object_store, "object_id", slow)
+    monkeypatch.setattr(pack_reads, "object_id", slow)
     first = threading.Thread(target=lambda: pack.objects, name="first")
     first.start()
     assert started.wait(5)

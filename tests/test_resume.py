@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cas_checkpoint import CheckpointStore
-from cas_checkpoint.engine import object_store, process_caches
+from cas_checkpoint.engine import pack_reads, process_caches
 from cas_checkpoint.tree import build as tree
 
 
@@ -27,7 +27,7 @@ class Hashes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.read = self.built = 0
-        one, many, build = object_store.object_id, object_store.object_ids, tree.object_id
+        one, many, build = pack_reads.object_id, pack_reads.object_ids, tree.object_id
 
         def read_one(data: Any) -> Any:
             self.read += 1
@@ -42,8 +42,8 @@ class Hashes:
             self.built += 1
             return build(data)
 
-        monkeypatch.setattr(object_store, "object_id", read_one)
-        monkeypatch.setattr(object_store, "object_ids", read_many)
+        monkeypatch.setattr(pack_reads, "object_id", read_one)
+        monkeypatch.setattr(pack_reads, "object_ids", read_many)
         monkeypatch.setattr(tree, "object_id", built)
 
     def reset(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 from builders import random_msg
 
 from cas_checkpoint import CheckpointStore, IntegrityError, Key, NotFoundError
-from cas_checkpoint.engine import object_store as objstore_mod
+from cas_checkpoint.engine import pack_reads as objstore_mod
 from cas_checkpoint.engine import process_caches
 from cas_checkpoint.engine.object_store import ObjectStore, pack_key
 from cas_checkpoint.format.heads import Head

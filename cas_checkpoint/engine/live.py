@@ -8,7 +8,7 @@ still names). So a merge (``staging.stage``) splits what it gathers in two: the 
 head's newest ``RECENT`` log entries reach (their log segments, their checkpoint records, the
 state nodes under them) go to a small **live** pack, the rest to the history pack as before.
 A cold read of the newest state then decompresses the live packs and the small new packs only
-(``object_store.parse_pack`` decompresses a pack the first time an object is taken out of it).
+(``pack_reads.parse_pack``: a pack is decompressed when an object is first taken out of it).
 
 A live pack is an ordinary pack: nothing in the format tells it apart but its merge level,
 ``LIVE`` + the level of the merge that made it (a writer's convention; readers ignore levels).

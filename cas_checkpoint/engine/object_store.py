@@ -7,7 +7,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cas_checkpoint.backends import Backend, sealed
@@ -16,6 +15,11 @@ from cas_checkpoint.engine import settings as marker
 from cas_checkpoint.engine.pack_cache import PackCache
 from cas_checkpoint.engine.pack_folders import PREFIX as PREFIX  # (gc, verify)
 from cas_checkpoint.engine.pack_folders import PackFolders
+from cas_checkpoint.engine.pack_reads import Pack as Pack  # (refs, verify)
+from cas_checkpoint.engine.pack_reads import PrefixMismatch as PrefixMismatch
+from cas_checkpoint.engine.pack_reads import key_pack_id as key_pack_id  # (gc, stats, verify)
+from cas_checkpoint.engine.pack_reads import pack_key as pack_key
+from cas_checkpoint.engine.pack_reads import parse_pack as parse_pack  # (gc, verify)
 from cas_checkpoint.engine.process_caches import Shared, for_store
 from cas_checkpoint.engine.steps import Blocking, GetMany, PutMany, Sleep, Step
 from cas_checkpoint.errors import (
@@ -32,17 +36,13 @@ from cas_checkpoint.format.objects import (
     Record,
     decode_node,
     inline_id,
-    object_id,
-    object_ids,
 )
 from cas_checkpoint.format.pack import (
     ZSTD,
-    PackIndex,
     Sealing,
     Zstd,
     open_pack,
     pack_index,
-    pack_prefix,
 )
 
 _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
@@ -54,175 +54,12 @@ LAZY_BYTES = 64 * 1024  # a compressed pack made here this big (plain) is cached
 # loads warm, from the states it saved), so its plain bytes (~10x) would only be held
 
 
-def pack_key(pid: str) -> str:
-    """``packs/ab/cdef...``: 256 folders, so no folder grows huge."""
-    return f"{PREFIX}/{pid[:2]}/{pid[2:]}"
-
-
-def key_pack_id(key: str) -> ObjectId | None:
-    """The id named by a pack key, or None for a key that is not a pack."""
-    parts = key.split("/")
-    if len(parts) != 3 or parts[0] != PREFIX or len(parts[1]) != 2:
-        return None
-    pid = parts[1] + parts[2]
-    if len(pid) != 64 or any(c not in "0123456789abcdef" for c in pid):
-        return None
-    return ObjectId(pid)
-
-
 class NeedPacks(Exception):
     """Internal: a merge needs packs that are not at hand (their ids in ``ids``)."""
 
     def __init__(self, ids: list[ObjectId]) -> None:
         super().__init__(ids)
         self.ids = ids
-
-
-class PrefixMismatch(Exception):
-    """Internal: a pack holds an object of the wanted id's prefix, not of the wanted id."""
-
-
-@dataclass(slots=True)
-class Pack:
-    """A pack read (and hashed as a whole) from storage: its index by id prefix; each object is
-    re-hashed the first time it is taken out. A big compressed pack this process made is held
-    as it was stored (``stored``) until an object of it is needed: its body is decompressed
-    then (``data``), not kept decompressed from the start (see ``ObjectStore._remember_new``).
-    """
-
-    id: ObjectId
-    size: int
-    _data: memoryview | None  # its bytes as a reader uses them (None: not decompressed yet)
-    index: PackIndex
-    verified: set[str] = field(default_factory=set)
-    _all: dict[ObjectId, memoryview] | None = None
-    known: tuple[ObjectId, ...] = ()  # its objects' ids in order, when this process packed it
-    stored: bytes | memoryview | None = None  # the compressed pack, while _data is None
-    plain: int = 0  # bytes counted for it while it is not decompressed, if more than stored
-    # (a pack read from storage: a read decompresses it, the cache's bound counts that)
-
-    @property
-    def data(self) -> memoryview:
-        """The pack's bytes with its body decompressed (done now, once, if it was not)."""
-        got = self._data
-        if got is None:
-            stored = self.stored
-            if stored is None:  # (another thread decompressed it meanwhile)
-                got = self._data
-                assert got is not None
-                return got
-            try:
-                got = open_pack(stored)[0]
-            except FormatError as exc:
-                raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
-            self._data = got
-            self.stored = None
-        return got
-
-    @property
-    def held(self) -> int:
-        """Bytes it holds in memory now: its stored bytes while its body is not decompressed,
-        else its plain bytes (a compressed pack's are bigger than the stored pack)."""
-        got, stored = self._data, self.stored
-        if got is None and stored is not None:
-            return max(len(stored), self.plain)
-        return max(self.size, self.data.nbytes)
-
-    def get(self, oid: str) -> bytes | None:
-        got = self.get_view(oid)
-        return None if got is None else bytes(got)
-
-    def get_view(self, oid: str) -> memoryview | None:
-        """``get`` without copying the object out of the pack (a read-only view of the pack's
-        bytes, which it keeps alive)."""
-        locations = self.index.get(pack_prefix(oid))
-        if locations is None:
-            return None
-        actual = ""
-        for start, end in locations:
-            data = self.data[start:end]
-            if oid in self.verified and len(locations) == 1:
-                return data
-            actual = object_id(data)
-            if actual == oid:
-                self.verified.add(oid)
-                return data
-        # An object of this id prefix whose bytes hash to another id: by chance another object
-        # (then the wanted one is elsewhere), or a pack that lies. The caller decides.
-        raise PrefixMismatch(IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})"))
-
-    def take_views(self, oids: list[str], out: dict[str, bytes | memoryview]) -> list[str]:
-        """``get_view`` of a batch: each of ``oids`` that this pack holds, hashed against its
-        id (unless hashed before), goes into ``out``; returns the others (not here, a prefix
-        that several objects share, or bytes of another id: ``get_view`` says which)."""
-        ids, starts, ends, other = self.index.find(oids)
-        if not ids:
-            return other
-        data, verified = self.data, self.verified
-        views = list(map(data.__getitem__, map(slice, starts, ends)))
-        fresh = [i for i, oid in enumerate(ids) if oid not in verified] if verified else None
-        checked = ids if fresh is None else [ids[i] for i in fresh]
-        names = object_ids(views if fresh is None else [views[i] for i in fresh])
-        bad = {oid for oid, name in zip(checked, names, strict=True) if name != oid}
-        verified.update([oid for oid in checked if oid not in bad] if bad else checked)
-        other.extend(bad)
-        if bad:
-            out.update((oid, v) for oid, v in zip(ids, views, strict=True) if oid not in bad)
-        else:
-            out.update(zip(ids, views, strict=True))
-        return other
-
-    def __contains__(self, oid: object) -> bool:
-        try:
-            return isinstance(oid, str) and self.get(oid) is not None
-        except PrefixMismatch:
-            return False
-
-    @property
-    def objects(self) -> dict[ObjectId, memoryview]:
-        """Every object by its full id (each hashed once: for merges, repacks, audits)."""
-        got = self._all
-        if got is None:  # built whole, then published: another thread never sees a part of it
-            got = {}
-            spans = self.index.spans()  # (in the pack's order)
-            index = self.index
-            if self.known and len(self.known) == len(spans) and all(  # packed here, in order
-                    span in index.get(pack_prefix(oid), ())
-                    for oid, span in zip(self.known, spans, strict=True)):
-                got = {oid: self.data[start:end] for oid, (start, end) in zip(
-                    self.known, spans, strict=True)}
-            else:
-                for start, end in spans:
-                    obj = self.data[start:end]
-                    got[object_id(obj)] = obj
-            self._all = got
-        return got
-
-
-def parse_pack(pid: str, data: bytes, *, trusted: bool = False,
-               keys: sealing.Keyring | None = None, lazy: bool = False) -> Pack:
-    """A pack from its stored bytes: hashed against its name (unless this process just built
-    it: ``trusted``), decrypted if it is encrypted (with ``keys``), then its index decoded. A
-    key-less keyring gets an encrypted pack with an empty index (its name checked, nothing
-    else). ``lazy``: a compressed body is decompressed (and checked) when an object is first
-    taken out of it (``Pack.data``: a FormatError naming the pack then), not now."""
-    actual = pid if trusted else object_id(data)
-    if actual != pid:
-        raise IntegrityError(pid, actual, pack_key(pid))
-    size = len(data)
-    if keys is not None and sealing.is_sealed_pack(data):
-        if keys.keyless and bytes(data[6:14]).hex() not in keys.keys:
-            return Pack(ObjectId(pid), size, memoryview(b""), PackIndex())
-        data = sealing.open_sealed_pack(data, keys, pack_key(pid))
-    try:
-        if lazy and len(data) > 5 and data[5] & ZSTD:  # its body decompressed when an
-            index, plain = pack_index(data)  # object of it is first taken out, not before
-            # (a cold read of a thread's newest state takes nothing from most of its packs)
-            return Pack(ObjectId(pid), size, None, index, stored=data, plain=plain)
-        view, index = open_pack(data)
-    except FormatError as exc:
-        raise FormatError(f"pack {pack_key(pid)}: {exc}") from None
-    return Pack(ObjectId(pid), size, view, index)
 
 
 class View:

@@ -12,7 +12,7 @@ from cas_checkpoint.format.heads import Head, PackRef
 
 
 class Cached(Protocol):
-    """What the cache needs of a pack (``object_store.Pack``)."""
+    """What the cache needs of a pack (``pack_reads.Pack``)."""
 
     @property
     def id(self) -> str: ...

@@ -187,7 +187,7 @@ def _decompressor(zstandard: Any) -> Any:
     return dctx
 
 
-def _decompress(data: memoryview, start: int, size: int, out: bytearray) -> None:
+def _decompress(data: memoryview, start: int, size: int, out: bytearray | memoryview) -> None:
     """Fill the last ``size`` bytes of ``out`` (made to its full size by the caller, after
     ``_check_ratio``) with what the zstd frame at ``data[start:]`` holds."""
     try:
@@ -339,6 +339,50 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
     return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
+
+
+SCRATCH_MIN = 1 << 16  # a compressed body of this many plain bytes...
+SCRATCH_MAX = 1 << 19  # ...up to this many is read through one of a thread's scratch buffers
+# (a smaller one is decompressed and kept: memory the process reuses, and little of it); each
+# thread keeps the bodies of the last SCRATCH_KEPT packs
+SCRATCH_KEPT = 16  # it read there (more than the 14 a head names), in SCRATCH_BYTES at most
+SCRATCH_BYTES = 1 << 21
+_SCRATCH = threading.local()  # this thread's [(stored pack, buffer, body size, body start)]
+
+
+def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
+    """The decompressed body of the compressed pack ``stored`` (the very bytes object), and
+    where the body starts in the plain pack (an index offset less that is an offset in the
+    body), in one of this thread's scratch buffers; None for a pack that is not compressed or
+    whose body is under ``SCRATCH_MIN`` or over ``SCRATCH_MAX`` bytes. The buffers are
+    reused: a cold read of a pack whose body the caches do not keep decompressed copies out
+    the objects it takes (a kept body would be ~5x the bytes a read of the newest state
+    takes, in memory fresh to the process each time). The view is valid until this thread's
+    next call: the caller copies what it needs, then releases it. The bodies of the thread's
+    last ``SCRATCH_KEPT`` packs stay decompressed: a read that takes a tree level at a time
+    decompresses each pack once."""
+    kept: list[list[Any]] | None = getattr(_SCRATCH, "kept", None)
+    if kept is None:
+        kept = _SCRATCH.kept = []
+    for i, entry in enumerate(kept):
+        if entry[0] is stored:
+            if i != len(kept) - 1:
+                kept.append(kept.pop(i))
+            return memoryview(entry[1])[:entry[2]].toreadonly(), entry[3]
+    view, body, _, _, total = _header(stored)
+    if not view[5] & ZSTD or not SCRATCH_MIN <= total <= SCRATCH_MAX:
+        return None
+    spare = bytearray()  # (the biggest buffer let go of, for this body if it is big enough:
+    held = sum([len(entry[1]) for entry in kept])  # a thread's buffers settle at the sizes of
+    while kept and (len(kept) >= SCRATCH_KEPT or held + total > SCRATCH_BYTES):  # the bodies
+        buf = kept.pop(0)[1]  # it reads, and their memory stays the process's)
+        held -= len(buf)
+        if len(buf) > len(spare):
+            spare = buf
+    buf = spare if len(spare) >= total else bytearray(total)
+    _decompress(view, body, total, memoryview(buf)[:total])
+    kept.append([stored, buf, total, body])
+    return memoryview(buf)[:total].toreadonly(), body
 
 
 def pack_index(data: bytes | memoryview) -> tuple[PackIndex, int]:
