@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("langgraph")
 
+from cas_checkpoint.backends import Backend  # noqa: E402
 from cas_checkpoint.integrations.langgraph import CasSaver  # noqa: E402
 
 CONFIG: Any = {"configurable": {"thread_id": "chat"}}
@@ -89,12 +90,19 @@ def test_a_dropped_saver_is_freed_at_once_with_its_store_object(store_url: str,
     assert _cyclic_garbage() == 0
 
 
-def test_a_dropped_async_saver_is_freed_at_once_with_its_pool_thread(store_url: str,
-                                                                      no_gc: None) -> None:
+def test_a_dropped_async_saver_is_freed_at_once_and_new_ones_start_no_pool_each(
+        store_url: str, no_gc: None) -> None:
     """The async face: a new saver's ``aget_tuple`` then ``aclose``, dropped: freed by
-    reference counting, and the thread its backend started for local disk ends with it (old
-    code: the saver, its store object and that thread stayed until a collector's pass)."""
-    threads = threading.active_count()
+    reference counting; and new savers' reads share the process's pool of local-disk threads:
+    12 of them after a first start fewer than ``Backend.async_threads`` threads in all (the
+    pool starts one when none is idle yet; old code: one each, kept by a pool per saver until
+    a collector's pass freed the saver and its store object)."""
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real(thread)
 
     async def read() -> weakref.ref[CasSaver]:
         async with CasSaver.from_url(store_url) as saver:
@@ -102,13 +110,18 @@ def test_a_dropped_async_saver_is_freed_at_once_with_its_pool_thread(store_url: 
             assert got is not None and len(got.checkpoint["channel_values"]["messages"]) == 10
         return weakref.ref(saver)
 
-    alive = asyncio.run(read())
-    assert alive() is None
+    async def reads() -> list[weakref.ref[CasSaver]]:
+        first = [await read()]
+        threading.Thread.start = start  # type: ignore[method-assign]
+        try:
+            return first + [await read() for _ in range(12)]
+        finally:
+            threading.Thread.start = real  # type: ignore[method-assign]
+
+    alive = asyncio.run(reads())
+    assert [a() for a in alive] == [None] * 13
     assert _cyclic_garbage() == 0
-    for t in threading.enumerate():  # a pool thread ends once it sees its pool gone
-        if t.name.startswith("cas-checkpoint-io"):
-            t.join(5)
-    assert threading.active_count() <= threads
+    assert len(started) < Backend.async_threads, started
 
 
 def test_a_sync_put_through_a_dropped_saver_leaves_no_cycle(tmp_path: Any, no_gc: None) -> None:
@@ -119,3 +132,31 @@ def test_a_sync_put_through_a_dropped_saver_leaves_no_cycle(tmp_path: Any, no_gc
     alive = weakref.ref(saver)
     del saver
     assert alive() is None
+
+
+def test_a_forked_child_runs_the_async_face_on_a_pool_of_its_own(tmp_path: Any) -> None:
+    """The process's pool is not inherited: a child forked after the parent's async reads
+    starts its own threads (the parent's are not in it) and its read answers."""
+    import multiprocessing
+
+    from cas_checkpoint import AsyncCheckpointStore
+
+    url = str(tmp_path / "s")
+
+    async def save_and_load(value: int) -> int:
+        store = await AsyncCheckpointStore.open(url)
+        await store.save("t", {"n": value})
+        got = (await store.load("t")).state["n"]
+        await store.aclose()
+        return int(got)
+
+    assert asyncio.run(save_and_load(1)) == 1  # the parent's pool has started
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: asyncio.run(save_and_load(2)))
+    child.start()
+    child.join(20)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child's async read hung (its pool held the parent's threads)")
+    assert child.exitcode == 0

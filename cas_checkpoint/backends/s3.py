@@ -234,12 +234,12 @@ class S3Backend(Backend):
         return await self._retrying(method, lambda: self.fs._call_s3(method, Bucket=self.bucket,
                                                                      **kw))
 
-    # The async face. ``run_blocking`` stays the base class's (a small pool of this backend's,
+    # The async face. ``run_blocking`` stays the base class's (the process's small pool,
     # started on first use): S3 requests never go through it on an asynchronous fs; it serves
     # blocking local-disk work, and the fallback of a sync fs (see ``_native``).
 
     async def aclose(self) -> None:
-        await super().aclose()  # the fallback's thread pool, if it was started
+        await super().aclose()  # (forgets the process's pool, if the fallback used it)
         client = getattr(self.fs, "_s3", None)
         if self.owns_session and client is not None:
             creator = getattr(self.fs, "_s3creator", None)
