@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -31,6 +32,21 @@ from cas_checkpoint.errors import NotFoundError
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
+# The pools the async face of blocking backends (local disk) runs on, one a process per size,
+# shared by every backend object: a new store object or saver per request (a web handler, the
+# agent benchmark's "latest state, new saver") used to start a thread of its own (~0.1 ms
+# before its first request) and keep up to ``async_threads`` of them until the collector freed
+# it. Threads start as work needs them and stay idle for the next store object.
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _forget_pools() -> None:  # a forked child has none of its parent's threads
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+    _POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 class RefMismatch(Exception):
@@ -222,16 +238,19 @@ class Backend(ABC):
         return self._threads().submit(fn, *args)
 
     def _threads(self) -> ThreadPoolExecutor:
-        pool = self._pool
+        """The process's pool of ``async_threads`` threads (``_POOLS``), shared with every
+        other backend object (``_pool`` records that this one used it)."""
+        pool = _POOLS.get(self.async_threads)
         if pool is None:
             with _POOL_LOCK:
-                pool = self._pool
+                pool = _POOLS.get(self.async_threads)
                 if pool is None:
-                    pool = self._pool = ThreadPoolExecutor(
+                    pool = _POOLS[self.async_threads] = ThreadPoolExecutor(
                         self.async_threads, thread_name_prefix="cas-checkpoint-io")
+        self._pool = pool
         return pool
 
-    _pool: ThreadPoolExecutor | None = None
+    _pool: ThreadPoolExecutor | None = None  # (the pool this backend used, if any)
 
     async def aget_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return await self.run_blocking(self.get_many, list(keys))
@@ -263,10 +282,9 @@ class Backend(ABC):
         return await self.run_blocking(self.delete_many, builtins.list(keys))
 
     async def aclose(self) -> None:
-        """Release what the async face holds (its thread pool; S3: its HTTP session)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+        """Release what the async face holds (S3: its HTTP session; the thread pool local disk
+        runs on is the process's, left to the other store objects)."""
+        self._pool = None
 
     def read_refs(self, keys: builtins.list[str]) -> builtins.list[tuple[bytes, str] | None]:
         """Several refs (None for a missing one), read concurrently."""

@@ -142,12 +142,12 @@ class S3Backend(S3Calls, Backend):
         method on a thread (the base class's ``run_blocking``)."""
         return self.asynchronous or asyncio.get_running_loop() is self.fs.loop
 
-    # The async face. ``run_blocking`` stays the base class's (a small pool of this backend's,
+    # The async face. ``run_blocking`` stays the base class's (the process's small pool,
     # started on first use): S3 requests never go through it on an asynchronous fs; it serves
     # blocking local-disk work, and the fallback of a sync fs (see ``_native``).
 
     async def aclose(self) -> None:
-        await super().aclose()  # the fallback's thread pool, if it was started
+        await super().aclose()  # (forgets the process's pool, if the fallback used it)
         client = getattr(self.fs, "_s3", None)
         if self.owns_session and client is not None:
             creator = getattr(self.fs, "_s3creator", None)

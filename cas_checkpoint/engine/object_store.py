@@ -76,7 +76,9 @@ class View:
         self.recent = (recent and head.archive is not None) or newest  # (some packs are not
         # here: an object none of them holds raises InArchive)
         self.packs = packs
-        self.store = store
+        # (the store's URL for messages, not the store: the store keeps its views, and a view
+        # holding it back made a cycle that kept a dropped store object alive until gc)
+        self.url = store.backend.url if store is not None else "?"
         self.unreadable: dict[str, CasError] = unreadable or {}
         self._inline: dict[str, bytes] | None = None
         self._ids: frozenset[str] | None = None
@@ -125,7 +127,7 @@ class View:
                                     "too (ObjectStore.view(head))")
         raise NotFoundError(
             f"object {oid} is not in thread {self.head.thread_id!r} (in none of its "
-            f"{len(self.packs)} packs or its ref) in {self.store.backend.url}; a checkpoint that "
+            f"{len(self.packs)} packs or its ref) in {self.url}; a checkpoint that "
             "needs it cannot be loaded. Run `cas-checkpoint verify` to list what is affected."
         )
 

@@ -136,6 +136,14 @@ class TypeRegistry:
             return False, None
         return True, entry.to_data(value)
 
+    def copy(self) -> TypeRegistry:
+        """A registry of the same classes, entries and hooks that registers on its own (the
+        entries are immutable: shared, not rebuilt)."""
+        out = TypeRegistry()
+        out._by_name, out._by_class = dict(self._by_name), dict(self._by_class)
+        out.stand_in, out.unknown = self.stand_in, self.unknown
+        return out
+
     def update(self, other: TypeRegistry) -> None:
         """Register every class of ``other`` as it is registered there (name, adapter)."""
         for cls, entry in other._by_class.items():

@@ -191,6 +191,9 @@ class _SyncCall:
     lead: bool = False
 
 
+Commit = Callable[[str, list[Part]], list[CheckpointInfo | Exception]]
+
+
 class SyncGroups:
     """Group commit for the sync face: LangGraph's sync loop calls ``put`` and ``put_writes``
     from a thread pool, most of them (80% in the agent benchmark) while another save of the
@@ -201,9 +204,7 @@ class SyncGroups:
     caller returns once the commit holding its part is durable, with its own result, or raises
     its own error (the whole commit's, when that failed), as with the async face."""
 
-    def __init__(self, commit: Callable[[str, list[Part]], list[CheckpointInfo | Exception]]
-                 ) -> None:
-        self._commit = commit  # (a store thread's parts committed together: ``Core.commit``)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queues: dict[str, list[_SyncCall]] = {}
         self._busy: set[str] = set()  # store threads whose queue has a leader
@@ -221,8 +222,12 @@ class SyncGroups:
                 call.event = threading.Event()
         return call
 
-    def wait(self, name: str, call: _SyncCall) -> CheckpointInfo:
-        """``call``'s ``CheckpointInfo`` once the commit holding it is durable, or its error."""
+    def wait(self, name: str, call: _SyncCall, commit: Commit) -> CheckpointInfo:
+        """``call``'s ``CheckpointInfo`` once the commit holding it is durable, or its error;
+        ``commit`` commits a store thread's parts together (``Core.commit``), when this caller
+        leads. (The saver passes it with each call rather than this object keeping it: a bound
+        method of the saver kept here made a reference cycle, so that a dropped saver, its
+        store object and their caches lived on until the garbage collector's next full pass.)"""
         while call.outcome is None:
             if not call.lead:
                 assert call.event is not None  # (a caller that did not lead at once)
@@ -234,7 +239,7 @@ class SyncGroups:
             self.commits += 1
             got: list[CheckpointInfo | BaseException]
             try:
-                got = list(self._commit(name, [c.part for c in batch]))
+                got = list(commit(name, [c.part for c in batch]))
             except BaseException as exc:  # the whole commit's error, in each of its callers
                 got = [exc] * len(batch)
             with self._lock:

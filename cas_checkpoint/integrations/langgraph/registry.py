@@ -15,7 +15,14 @@ log = logging.getLogger("cas_checkpoint")
 
 
 def default_types() -> TypeRegistry:
-    """LangChain messages and documents, LangGraph's Send/Command/Interrupt/Overwrite."""
+    """LangChain messages and documents, LangGraph's Send/Command/Interrupt/Overwrite: a copy of
+    the process's own (registered once: each new saver, e.g. one per request, paid ~20
+    registrations before its first read)."""
+    return _defaults().copy()
+
+
+@functools.cache
+def _defaults() -> TypeRegistry:
     reg = TypeRegistry()
     from langchain_core import messages as m
 

@@ -108,7 +108,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         self._core.refs.inline_max = INLINE_BYTES
         self._encoder = PutEncoder()  # the encodings of each thread's last put (encode.py)
         self._groups = Groups(self._core)  # the async face's group commits (group.py)
-        self._sync = SyncGroups(self._sync_commit)  # and the sync face's
+        self._sync = SyncGroups()  # and the sync face's
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Backend] = (
             weakref.WeakKeyDictionary())
 
@@ -180,7 +180,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
         clone._learned = Learned()  # its registry learns the graphs it is called from
         clone._encoder = PutEncoder()  # (encodings made with its own registry)
         clone._groups = Groups(clone._core)
-        clone._sync = SyncGroups(clone._sync_commit)
+        clone._sync = SyncGroups()
         return clone
 
     def get_next_version(self, current: Any, channel: None) -> Any:
@@ -240,7 +240,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             name, part, finish, tidy = self._run(self._put_part(config, checkpoint, metadata,
                                                                 new_versions))
             call = self._sync.enqueue(name, part)
-        out = finish(self._sync.wait(name, call))
+        out = finish(self._sync.wait(name, call, self._sync_commit))
         if tidy is not None:
             with self._core.turns.hold(key):
                 self._run(tidy())
@@ -258,7 +258,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
             if got is None:
                 return
             call = self._sync.enqueue(*got)
-        self._sync.wait(got[0], call)
+        self._sync.wait(got[0], call, self._sync_commit)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._learn()
