@@ -453,17 +453,7 @@ def test_sync_calls_in_flight_together_share_one_commit(tmp_path: Path,
         except BaseException as exc:  # (reported below)
             errors.append(exc)
 
-    threads = [threading.Thread(target=write, args=(0,))]
-    threads[0].start()
-    assert entered.wait(30)  # the first commit is in flight, held
-    threads += [threading.Thread(target=write, args=(i,)) for i in range(1, 9)]
-    for t in threads[1:]:
-        t.start()
-    while sum(len(q) for q in saver._sync._queues.values()) < 8:
-        threading.Event().wait(0.01)
-    gate.set()
-    for t in threads:
-        t.join(30)
+    _held_then_queued(saver, write, entered, gate)
     assert not errors, errors
     assert saver._sync.commits - before == 2
     got = CasSaver.from_url(tmp_path / "s").get_tuple(first)
@@ -525,9 +515,23 @@ def test_a_failed_sync_commit_fails_each_of_its_callers_and_not_the_next(
         except BaseException as exc:  # (checked below)
             outcomes[i] = exc
 
+    threads = _held_then_queued(saver, write, entered, gate)
+    assert not any(t.is_alive() for t in threads)
+    assert outcomes[0] is None
+    assert all(isinstance(outcomes[i], StorageError) for i in range(1, 9)), outcomes
+    saver.put_writes(first, [("after", 99)], "task-after")  # not stuck
+    got = CasSaver.from_url(tmp_path / "s").get_tuple(first)
+    assert got is not None
+    assert sorted(v for _, _, v in got.pending_writes) == [0, 99]
+
+
+def _held_then_queued(saver: Any, write: Any, entered: threading.Event,
+                      gate: threading.Event) -> list[threading.Thread]:
+    """Caller 0's commit starts and is held (``entered``, until ``gate``); callers 1-8 arrive
+    meanwhile and queue; then the commit is let go and every caller is waited for."""
     threads = [threading.Thread(target=write, args=(0,))]
     threads[0].start()
-    assert entered.wait(30)
+    assert entered.wait(30)  # the first commit is in flight, held
     threads += [threading.Thread(target=write, args=(i,)) for i in range(1, 9)]
     for t in threads[1:]:
         t.start()
@@ -536,10 +540,4 @@ def test_a_failed_sync_commit_fails_each_of_its_callers_and_not_the_next(
     gate.set()
     for t in threads:
         t.join(30)
-    assert not any(t.is_alive() for t in threads)
-    assert outcomes[0] is None
-    assert all(isinstance(outcomes[i], StorageError) for i in range(1, 9)), outcomes
-    saver.put_writes(first, [("after", 99)], "task-after")  # not stuck
-    got = CasSaver.from_url(tmp_path / "s").get_tuple(first)
-    assert got is not None
-    assert sorted(v for _, _, v in got.pending_writes) == [0, 99]
+    return threads
