@@ -245,7 +245,9 @@ def test_memory_starts_no_thread_and_local_a_bounded_pool(tmp_path: Any) -> None
     assert asyncio.run(run(f"memory://cas-threads-{uuid.uuid4().hex[:8]}")) == 0
     local = asyncio.run(run(str(tmp_path / "local")))
     assert local <= Backend.async_threads  # (the process's pool: it may have been started)
-    pool = [t for t in threading.enumerate() if t.name.startswith("cas-checkpoint-io")]
+    from cas_checkpoint.backends import base
+
+    pool = base._POOLS[(Backend.async_threads, os.stat(tmp_path).st_dev)]._threads
     assert 1 <= len(pool) <= Backend.async_threads
 
 

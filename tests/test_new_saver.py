@@ -162,6 +162,43 @@ def test_a_forked_child_runs_the_async_face_on_a_pool_of_its_own(tmp_path: Any) 
     assert child.exitcode == 0
 
 
+def test_a_stalled_device_does_not_hold_the_async_face_of_a_store_on_another(
+        tmp_path: Any) -> None:
+    """The async face's threads are shared one pool a device: a store whose disk stalls
+    (every pool thread blocked in its calls) leaves a store on another device answering."""
+    import os
+
+    from cas_checkpoint import AsyncCheckpointStore
+    from cas_checkpoint.backends.local import LocalBackend
+
+    other = "/dev/shm"
+    if not os.path.isdir(other) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second device: /dev/shm beside the test's folder")
+    far = os.path.join(other, f"cas-stall-{os.getpid()}-{id(tmp_path)}")
+    stalled = LocalBackend(str(tmp_path / "stalled"))
+    release = threading.Event()
+    blocked = [stalled.hand_off(release.wait, 30) for _ in range(Backend.async_threads)]
+
+    async def save_and_load() -> int:
+        store = await AsyncCheckpointStore.open(far)
+        await store.save("t", {"n": 7})
+        got = (await store.load("t")).state["n"]
+        await store.aclose()
+        return int(got)
+
+    try:
+        assert asyncio.run(asyncio.wait_for(save_and_load(), 10)) == 7
+        assert not any(f.done() for f in blocked)  # (the stall held all along)
+    except TimeoutError:
+        pytest.fail("a store on another device waited for the stalled device's threads")
+    finally:
+        release.set()
+        import shutil
+
+        shutil.rmtree(far, ignore_errors=True)
+    assert all(f.result(10) for f in blocked)
+
+
 def test_a_new_saver_registers_no_default_class_again(store_url: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The classes every saver constructs (LangChain's messages, LangGraph's types) are

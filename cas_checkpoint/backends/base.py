@@ -19,7 +19,7 @@ import builtins
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,8 +36,10 @@ _POOL_LOCK = threading.Lock()
 # shared by every backend object: a new store object or saver per request (a web handler, the
 # agent benchmark's "latest state, new saver") used to start a thread of its own (~0.1 ms
 # before its first request) and keep up to ``async_threads`` of them until the collector freed
-# it. Threads start as work needs them and stay idle for the next store object.
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+# it. Threads start as work needs them and stay idle for the next store object. One pool a
+# device (``Backend.pool_key``): a stalled disk or mount holds the threads of its own stores
+# only, not those of every local store of the process.
+_POOLS: dict[tuple[int, Hashable], ThreadPoolExecutor] = {}
 
 
 def _forget_pools() -> None:  # a forked child has none of its parent's threads
@@ -225,6 +227,9 @@ class Backend(ABC):
     # step may carry out its requests one after the other in one pool thread: one hand-off an
     # operation, not one a request (``engine.steps.arun``).
     pooled: bool = False
+    # Which of the process's pools this backend's blocking calls share (``_threads``): one a
+    # device for local disk, whose stalled mount must not hold the threads other stores need.
+    pool_key: Hashable = None
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         import asyncio  # (here: a process that never awaits a store does not import asyncio)
@@ -238,14 +243,16 @@ class Backend(ABC):
         return self._threads().submit(fn, *args)
 
     def _threads(self) -> ThreadPoolExecutor:
-        """The process's pool of ``async_threads`` threads (``_POOLS``), shared with every
-        other backend object (``_pool`` records that this one used it)."""
-        pool = _POOLS.get(self.async_threads)
+        """The process's pool of ``async_threads`` threads for this backend's ``pool_key``
+        (``_POOLS``), shared with every other backend object on the same device (``_pool``
+        records that this one used it)."""
+        key = (self.async_threads, self.pool_key)
+        pool = _POOLS.get(key)
         if pool is None:
             with _POOL_LOCK:
-                pool = _POOLS.get(self.async_threads)
+                pool = _POOLS.get(key)
                 if pool is None:
-                    pool = _POOLS[self.async_threads] = ThreadPoolExecutor(
+                    pool = _POOLS[key] = ThreadPoolExecutor(
                         self.async_threads, thread_name_prefix="cas-checkpoint-io")
         self._pool = pool
         return pool

@@ -78,8 +78,14 @@ class LocalBackend(DurableFolders, Backend):
                 f"cannot create the store directory {self.root}: {exc.strerror}; check the path "
                 "and its permissions"
             ) from exc
-        if not os.path.isdir(self.root):
+        try:
+            st = os.stat(self.root)
+        except OSError as exc:
+            raise StorageError(f"cannot read the store directory {self.root}: {exc.strerror}; "
+                               "check the path and its permissions") from exc
+        if not stat.S_ISDIR(st.st_mode):
             raise StorageError(f"{self.root} exists and is not a directory; choose another path")
+        self.pool_key = st.st_dev  # (the async face's pool: one a device, see base._POOLS)
         self._real = os.path.realpath(self.root)
         self.shared_scope = (DISK, self._real)  # (two paths to one folder: one store)
         DurableFolders.__init__(self)
