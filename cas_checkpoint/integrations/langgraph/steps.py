@@ -111,12 +111,20 @@ class Steps:
     def _find(self, name: str, lg: str) -> Step[LogEntry | None]:
         """The entry of LangGraph checkpoint ``lg``: in the head this process last wrote (no
         read), else in the stored head. Reads the entries since it (the log has ``lgm``
-        bounds) or, for a thread written before them, the log back to it."""
+        bounds) or, for a thread written before them, the log back to it (the head's tail
+        first: ``_ask``)."""
         for cached in (True, False):
-            got = yield from self._cursor(name, cached)
-            if got is None:
+            known = self._core.known_ref(name) if cached else None
+            if known is not None:
+                head = known.head
+            elif cached:
                 continue
-            found = got[1].find(lg)
+            else:
+                try:
+                    head = (yield from self._core.ref(name)).head
+                except NotFoundError:
+                    return None
+            found = yield from self._ask(head, lambda _, cursor: cursor.find(lg))
             if found is not None:
                 return found
         return None
