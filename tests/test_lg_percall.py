@@ -97,7 +97,7 @@ def _steady(calls: list[tuple[str, tuple[Any, ...]]]) -> Iterator[tuple[str, Any
 def test_python_calls_per_call(calls: list[tuple[str, tuple[Any, ...]]]) -> None:
     """Python function calls inside cas_checkpoint, a call (mean over the loop; main before
     session 13's cuts: 386 a put, 165 a put_writes; before session 14's: 319 and 158; now
-    ~308 and ~148)."""
+    ~308 and ~146)."""
     per: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     n = 0
