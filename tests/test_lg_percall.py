@@ -20,6 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 import cas_checkpoint
+from cas_checkpoint.engine import object_store
 from cas_checkpoint.format import codec
 from cas_checkpoint.integrations.langgraph import CasSaver
 from cas_checkpoint.integrations.langgraph import encode as lg_encode
@@ -95,7 +96,8 @@ def _steady(calls: list[tuple[str, tuple[Any, ...]]]) -> Iterator[tuple[str, Any
 
 def test_python_calls_per_call(calls: list[tuple[str, tuple[Any, ...]]]) -> None:
     """Python function calls inside cas_checkpoint, a call (mean over the loop; main before
-    this session's cuts: 386 a put, 165 a put_writes)."""
+    session 13's cuts: 386 a put, 165 a put_writes; before session 14's: 319 and 158; now
+    ~308 and ~146)."""
     per: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     n = 0
@@ -116,8 +118,33 @@ def test_python_calls_per_call(calls: list[tuple[str, tuple[Any, ...]]]) -> None
         kinds[kind] += 1
     put = per["put"] / kinds["put"]
     writes = per["put_writes"] / kinds["put_writes"]
-    assert put <= 340, f"{put:.1f} Python calls inside cas_checkpoint a put"
-    assert writes <= 190, f"{writes:.1f} Python calls inside cas_checkpoint a put_writes"
+    assert put <= 314, f"{put:.1f} Python calls inside cas_checkpoint a put"
+    assert writes <= 152, f"{writes:.1f} Python calls inside cas_checkpoint a put_writes"
+
+
+def test_a_stamp_makes_no_view_of_the_packs(monkeypatch: pytest.MonkeyPatch,
+                                             calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """A save's stamp (put's lgm, put_writes' lge) and put's parent lookup read the newest
+    entries, which are in the head's tail: no view of the head's packs is made for them
+    (``ObjectStore.view`` makes one a head: the packs it names, fetched or found cached),
+    but when the tail is empty (a leaf of 16 entries just went into a segment) or does not
+    reach back far enough. Main: one view a call once the log has segments (~0.8 a call)."""
+    made: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    kind = ""
+    real = object_store.View
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        made[kind] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(object_store, "View", counted)
+    for kind, saver, args in _steady(calls):
+        kinds[kind] += 1
+        getattr(saver, kind)(*args)
+    assert kinds["put_writes"] >= 2 * STEPS
+    assert made["put_writes"] <= kinds["put_writes"] / 8, (made, kinds)
+    assert made["put"] <= kinds["put"] / 8, (made, kinds)
 
 
 def test_codec_calls_and_walker_steps_per_put(monkeypatch: pytest.MonkeyPatch,

@@ -147,7 +147,8 @@ def commit(core: Core, thread_id: str, parts: list[Part],
                 part.error = exc
                 continue
             part.record, part.entry = record, entry
-            new.update(part.nodes if skip is None else skip.missing(part.nodes))
+            if part.nodes:  # (none: a small state's root rides in its record)
+                new.update(part.nodes if skip is None else skip.missing(part.nodes))
             new[ObjectId(entry.id)] = data
             new.update(segments)
             # The next part's check reads this head: its new log segments ride in it

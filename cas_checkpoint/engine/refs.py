@@ -327,12 +327,22 @@ class RefStore:
     def iter_newest_first(self, head: Head, view: View | None) -> Iterator[LogEntry]:
         """Entries newest first, decoding segments lazily (one peak tree at a time) from
         ``view`` (from ``view(head)``)."""
-        yield from reversed(head.tail)
+        yield from self.iter_tail(head)
         if head.peaks:
             assert view is not None, "a head with log segments needs its view"
-            seen: set[ObjectId] = set()
-            for peak in reversed(head.peaks):
-                yield from self._tree_newest_first(peak.id, view, seen)
+            yield from self.iter_segments(head, view)
+
+    @staticmethod
+    def iter_tail(head: Head) -> Iterator[LogEntry]:
+        """The entries of ``head``'s tail (the newest, in the head itself), newest first."""
+        return reversed(head.tail)
+
+    def iter_segments(self, head: Head, view: View) -> Iterator[LogEntry]:
+        """The entries of ``head``'s log segments (all but its tail), newest first: what
+        ``iter_newest_first`` yields after the tail."""
+        seen: set[ObjectId] = set()
+        for peak in reversed(head.peaks):
+            yield from self._tree_newest_first(peak.id, view, seen)
 
     @staticmethod
     def _tree_newest_first(root: ObjectId, view: View, seen: set[ObjectId]

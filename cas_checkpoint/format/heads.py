@@ -96,7 +96,11 @@ class Head:
 
     def storage(self, base: Head) -> Head:
         """This head with the packs, inline objects, lineage, archive and held packs of
-        ``base``."""
+        ``base`` (itself when it has them already: a commit's head mostly does)."""
+        if (self.packs is base.packs and self.inline is base.inline
+                and self.lineage is base.lineage and self.archive is base.archive
+                and self.held is base.held):
+            return self
         return Head(self.thread_id, self.head, self.head_step, self.peaks, self.tail,
                     base.packs, base.inline, base.lineage, base.archive, base.held)
 

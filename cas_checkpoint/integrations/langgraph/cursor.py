@@ -46,11 +46,21 @@ def lg_of(entry: LogEntry) -> str | None:
     return None if lg is None else str(lg)
 
 
-class Cursor:
-    """Entries of one store thread, newest first, read lazily from ``entries``."""
+class Short(Exception):
+    """A cursor over the first entries of a log (``Cursor(short=True)``) read them all, and
+    the log goes on: give it the rest (``Cursor.more``) and ask again."""
 
-    def __init__(self, entries: Iterator[LogEntry]) -> None:
+
+class Cursor:
+    """Entries of one store thread, newest first, read lazily from ``entries``. ``short``:
+    ``entries`` are the newest of the log only (a head's tail: ``Steps._ask``), and reading
+    past them raises ``Short``; ``more`` then gives the cursor the rest. Every question
+    (``newest``, ``first_checkpoint``, ``latest``, ``find``...) goes over what was read first,
+    so one asked again after ``Short`` reads each entry once and answers as over the whole log."""
+
+    def __init__(self, entries: Iterator[LogEntry], short: bool = False) -> None:
         self._entries = entries
+        self._short = short
         self.seen: list[LogEntry] = []  # newest first
         self.ids: set[str] = set()  # their store ids
         self.by_lg: dict[str, LogEntry] = {}  # the newest entry of each LangGraph id seen
@@ -61,6 +71,8 @@ class Cursor:
         """The next older entry (None at the start of the log)."""
         entry = next(self._entries, None)
         if entry is None:
+            if self._short:
+                raise Short
             self.done = True
             return None
         self.seen.append(entry)
@@ -72,6 +84,14 @@ class Cursor:
             if isinstance(top, str) and (self.bound is None or top < self.bound):
                 self.bound = top
         return entry
+
+    def more(self, entries: Iterator[LogEntry]) -> None:
+        """The entries after those a short cursor was made with (its ``Short``)."""
+        self._entries, self._short = entries, False
+
+    def newest(self) -> LogEntry | None:
+        """The newest entry of the log (None when it is empty)."""
+        return self.seen[0] if self.seen else self.step()
 
     def _beaten(self, lg: str) -> bool:
         """Whether no unread entry can have an id above ``lg`` (nor equal: older ties lose)."""

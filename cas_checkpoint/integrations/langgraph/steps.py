@@ -4,7 +4,7 @@ implementation that the sync and the async face both run."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -34,11 +34,14 @@ from cas_checkpoint.integrations.langgraph.cursor import (
     MAX_KEY,
     WRITES_FROM,
     Cursor,
+    Short,
     lg_of,
 )
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
 from cas_checkpoint.integrations.langgraph.keys import _config, _key, _parse, _target
 from cas_checkpoint.integrations.langgraph.meta import from_log, to_log
+
+T = TypeVar("T")
 
 RECENT = 16  # checkpoints whose states the delta-channel walk loads in one batch
 
@@ -49,6 +52,13 @@ def shallow(entries: list[LogEntry]) -> list[LogEntry]:
     latest = next((e.metadata["lg"] for e in reversed(entries) if "lg" in e.metadata), None)
     return [e for e in entries
             if latest is not None and latest in (e.metadata.get("lg"), e.metadata.get("w"))]
+
+
+def _early(cursor: Cursor) -> dict[str, str]:
+    """The ``lge`` map the newest entry of ``cursor``'s log carries (a copy)."""
+    newest = cursor.newest()
+    got = None if newest is None else newest.metadata.get(EARLY)
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
 
 
 class Steps:
@@ -101,12 +111,20 @@ class Steps:
     def _find(self, name: str, lg: str) -> Step[LogEntry | None]:
         """The entry of LangGraph checkpoint ``lg``: in the head this process last wrote (no
         read), else in the stored head. Reads the entries since it (the log has ``lgm``
-        bounds) or, for a thread written before them, the log back to it."""
+        bounds) or, for a thread written before them, the log back to it (the head's tail
+        first: ``_ask``)."""
         for cached in (True, False):
-            got = yield from self._cursor(name, cached)
-            if got is None:
+            known = self._core.known_ref(name) if cached else None
+            if known is not None:
+                head = known.head
+            elif cached:
                 continue
-            found = got[1].find(lg)
+            else:
+                try:
+                    head = (yield from self._core.ref(name)).head
+                except NotFoundError:
+                    return None
+            found = yield from self._ask(head, lambda _, cursor: cursor.find(lg))
             if found is not None:
                 return found
         return None
@@ -149,7 +167,10 @@ class Steps:
             """``lgm`` of the new entry, from the head it extends (inside the compare-and-swap:
             exact whatever other writers did): the newest checkpoint entry's ``lgm``, or for a
             thread written before ``lgm`` existed, the greatest id of its whole log (once)."""
-            cursor, early = yield from self._early(head)
+            return (yield from self._ask(head, decide))
+
+        def decide(head: Head, cursor: Cursor) -> dict[str, Any]:
+            early = _early(cursor)
             newest = cursor.first_checkpoint()
             if raising and (None if newest is None else lg_of(newest)) != parent:
                 raise ConflictError(name, parent, None if newest is None else lg_of(newest))
@@ -198,7 +219,10 @@ class Steps:
         def stamp(head: Head) -> Step[dict[str, Any] | None]:
             """Carry the newest entry's ``lge`` on, with ``cid`` added when its checkpoint is
             not in the log yet (an early write: see ``cursor.py``)."""
-            cursor, early = yield from self._early(head)
+            return (yield from self._ask(head, decide))
+
+        def decide(head: Head, cursor: Cursor) -> dict[str, Any] | None:
+            early = _early(cursor)
             if cid not in early and cursor.find(cid) is None:
                 early[cid] = head.head or ""
                 while len(early) > MAX_EARLY:
@@ -209,13 +233,23 @@ class Steps:
             state, metadata={"w": cid, "task": task_id}, parents=(), check=stamp,
             retain=shallow if self.shallow else None)
 
-    def _early(self, head: Head) -> Step[tuple[Cursor, dict[str, str]]]:
-        """A cursor over ``head``'s log and the ``lge`` map its newest entry carries."""
-        cursor = Cursor((yield from self._core.refs.newest_first(head)))
-        newest = cursor.step()
-        got = None if newest is None else newest.metadata.get(EARLY)
-        early = ({str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {})
-        return cursor, early
+    def _ask(self, head: Head, question: Callable[[Head, Cursor], T]) -> Step[T]:
+        """``question``'s answer about ``head`` over a cursor on its log. A save's stamp
+        mostly asks about the newest entries: it is asked over the head's tail first, and a
+        view of the head's packs is made only when it reads past the tail (``Short``), to
+        give the cursor the rest of the log and ask again (each entry read once)."""
+        refs = self._core.refs
+        if not head.peaks:
+            return question(head, Cursor(refs.iter_tail(head)))
+        cursor = Cursor(refs.iter_tail(head), short=True)
+        try:
+            return question(head, cursor)
+        except Short:
+            pass
+        view = yield from refs.view(head)
+        assert view is not None  # (a head with segments)
+        cursor.more(refs.iter_segments(head, view))
+        return question(head, cursor)
 
     def _writes(self, thread_id: str, ns: str, cids: set[str] | None,
                 every: Sequence[CheckpointInfo | LogEntry] | None = None,
