@@ -68,37 +68,50 @@ def newest(packs: Sequence[PackRef]) -> tuple[PackRef, ...]:
 def reached(head: Head, get: Get, recent: int = RECENT) -> set[ObjectId]:
     """The ids of the objects at hand (``get``) that ``head``'s newest ``recent`` log entries
     reach: the log segments read to find them, their records and their states' nodes."""
-    out: set[ObjectId] = set()
+    return set(walk(head, get, recent))
+
+
+def walk(head: Head, get: Get, recent: int = RECENT) -> list[ObjectId]:
+    """``reached``, in the order a cold read takes them: the log segments read to find the
+    entries, their records (newest first), then their states' nodes a tree level at a time
+    (``tree.load``). A merge writes a pack's objects in this order (``staging``), so that a
+    cold read decompresses a prefix of its body."""
+    out: dict[ObjectId, None] = {}  # (ordered)
     cids = [e.id for e in reversed(head.tail)][:recent]
     if len(cids) < recent:
         for cid in _older(head, get, out, recent - len(cids)):
             cids.append(cid)
-    todo: list[ObjectId] = []
+    level: list[ObjectId] = []
     for cid in cids:
         data = get(ObjectId(cid))
         if data is None:
             continue
-        out.add(ObjectId(cid))
+        out[ObjectId(cid)] = None
         try:
-            todo.extend(Record.decode(data).children())
+            level.extend(Record.decode(data).children())
         except FormatError:
             continue
-    while todo and len(out) < MAX_REACHED:
-        oid = todo.pop()
-        if oid in out:
-            continue
-        data = get(oid)
-        if data is None:
-            continue
-        out.add(oid)
-        try:
-            todo.extend(decode_node(data)[0])
-        except FormatError:
-            continue
-    return out
+    while level and len(out) < MAX_REACHED:
+        below: list[ObjectId] = []
+        for oid in level:
+            if oid in out:
+                continue
+            data = get(oid)
+            if data is None:
+                continue
+            out[oid] = None
+            if len(out) >= MAX_REACHED:
+                break
+            try:
+                below.extend(decode_node(data)[0])
+            except FormatError:
+                continue
+        level = below
+    return list(out)
 
 
-def _older(head: Head, get: Get, out: set[ObjectId], n: int) -> Iterator[CheckpointId]:
+def _older(head: Head, get: Get, out: dict[ObjectId, None], n: int
+           ) -> Iterator[CheckpointId]:
     """Up to ``n`` entries' ids of ``head``'s log segments, newest first (as a reader walks
     them: ``RefStore.iter_newest_first``), adding the segments read to ``out``."""
     for peak in reversed(head.peaks):
@@ -108,7 +121,7 @@ def _older(head: Head, get: Get, out: set[ObjectId], n: int) -> Iterator[Checkpo
             data = get(oid)
             if data is None or oid in out or len(out) >= MAX_REACHED:
                 continue
-            out.add(oid)
+            out[oid] = None
             try:
                 seg = Segment.decode(data)
             except FormatError:
