@@ -71,42 +71,48 @@ def reached(head: Head, get: Get, recent: int = RECENT) -> set[ObjectId]:
     return set(walk(head, get, recent))
 
 
-def walk(head: Head, get: Get, recent: int = RECENT) -> list[ObjectId]:
+def walk(head: Head, get: Get, recent: int = RECENT, segments: bool = True
+         ) -> list[ObjectId]:
     """``reached``, in the order a cold read takes them: the log segments read to find the
-    entries, their records (newest first), then their states' nodes a tree level at a time
-    (``tree.load``). A merge writes a pack's objects in this order (``staging``), so that a
-    cold read decompresses a prefix of its body."""
+    entries, then entry by entry, newest first, its record and its state's nodes a tree level
+    at a time (``tree.load``), each object once. A merge writes a pack's objects in this
+    order (``staging``), so that a cold read decompresses a prefix of its body.
+    ``segments`` False: the entries of the head's tail only (no segment is decoded), or the
+    newest entry when the tail is empty."""
     out: dict[ObjectId, None] = {}  # (ordered)
     cids = [e.id for e in reversed(head.tail)][:recent]
+    if not segments and head.tail:
+        recent = len(cids)
+    elif not segments:
+        recent = 1
     if len(cids) < recent:
         for cid in _older(head, get, out, recent - len(cids)):
             cids.append(cid)
-    level: list[ObjectId] = []
     for cid in cids:
         data = get(ObjectId(cid))
-        if data is None:
+        if data is None or len(out) >= MAX_REACHED:
             continue
         out[ObjectId(cid)] = None
         try:
-            level.extend(Record.decode(data).children())
+            level = Record.decode(data).children()
         except FormatError:
             continue
-    while level and len(out) < MAX_REACHED:
-        below: list[ObjectId] = []
-        for oid in level:
-            if oid in out:
-                continue
-            data = get(oid)
-            if data is None:
-                continue
-            out[oid] = None
-            if len(out) >= MAX_REACHED:
-                break
-            try:
-                below.extend(decode_node(data)[0])
-            except FormatError:
-                continue
-        level = below
+        while level and len(out) < MAX_REACHED:
+            below: list[ObjectId] = []
+            for oid in level:
+                if oid in out:
+                    continue
+                data = get(oid)
+                if data is None:
+                    continue
+                out[oid] = None
+                if len(out) >= MAX_REACHED:
+                    break
+                try:
+                    below.extend(decode_node(data)[0])
+                except FormatError:
+                    continue
+            level = below
     return list(out)
 
 

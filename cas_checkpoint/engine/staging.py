@@ -28,7 +28,8 @@ MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one para
 SPLIT_LEVEL = 2  # a merge of this level or above keeps its live objects apart (live.py)
 FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
 FIRST = 4  # a merge writes first what the head's newest this many entries reach (a LangGraph
-# checkpoint and the writes after it), in the order a cold read takes it (live.walk)
+# checkpoint and the writes after it; those of its tail: no log segment is decoded for it), in
+# the order a cold read takes it (live.walk)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -103,7 +104,8 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
         get = _at_hand(head, merged, packs[end:], fresh, read, level >= SPLIT_LEVEL)
-        first = {oid: merged[oid] for oid in live.walk(head, get, FIRST) if oid in merged}
+        first = {oid: merged[oid] for oid in live.walk(head, get, FIRST, segments=False)
+                 if oid in merged}
         merged = first | merged  # (what a cold read of the newest state takes, first)
         made: list[tuple[dict[ObjectId, bytes | memoryview], int]] = [(merged, level)]
         if level >= SPLIT_LEVEL:
