@@ -94,7 +94,7 @@ def walk(head: Head, get: Get, recent: int = RECENT, segments: bool = True
             continue
         out[ObjectId(cid)] = None
         try:
-            level = Record.decode(data).children()
+            level = list(Record.decode(data).children())
         except FormatError:
             continue
         while level and len(out) < MAX_REACHED:
