@@ -12,16 +12,24 @@ import pytest
 
 from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine import staging
+from cas_checkpoint.format import pack as packfile
 from cas_checkpoint.format.heads import Head, PackRef
 from cas_checkpoint.format.objects import CheckpointId, ObjectId, Record, encode_node, object_id
 from cas_checkpoint.format.pack import decode_pack
-from tests._zstd_count import counting_zstd
 
 
 @pytest.fixture
 def decompressed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The plain bytes of each pack body decompressed from here on."""
-    yield counting_zstd(monkeypatch)  # (bytes each zstd stream gives)
+    seen: list[int] = []
+    real = packfile._decompress
+
+    def counting(data: memoryview, start: int, size: int, out: bytearray) -> None:
+        seen.append(size)
+        real(data, start, size, out)
+
+    monkeypatch.setattr(packfile, "_decompress", counting)
+    yield seen
 
 
 def _thread(path: str, saves: int, chat: bool) -> int:

@@ -314,9 +314,9 @@ def test_a_big_new_pack_is_compressed_fast_and_merges_at_the_stores_level(
     levels: list[int] = []
     real = Zstd.compress_parts
 
-    def spy(self: Zstd, parts: Any, size: int, first: int = 0) -> list[bytes] | None:
+    def spy(self: Zstd, parts: Any, size: int) -> list[bytes] | None:
         levels.append(self.level)
-        return real(self, parts, size, first)
+        return real(self, parts, size)
 
     monkeypatch.setattr(Zstd, "compress_parts", spy)
     store = CheckpointStore.open(str(tmp_path / "s"), compression="zstd", compression_level=7)

@@ -68,56 +68,37 @@ def newest(packs: Sequence[PackRef]) -> tuple[PackRef, ...]:
 def reached(head: Head, get: Get, recent: int = RECENT) -> set[ObjectId]:
     """The ids of the objects at hand (``get``) that ``head``'s newest ``recent`` log entries
     reach: the log segments read to find them, their records and their states' nodes."""
-    return set(walk(head, get, recent))
-
-
-def walk(head: Head, get: Get, recent: int = RECENT, segments: bool = True
-         ) -> list[ObjectId]:
-    """``reached``, in the order a cold read takes them: the log segments read to find the
-    entries, then entry by entry, newest first, its record and its state's nodes a tree level
-    at a time (``tree.load``), each object once. A merge writes a pack's objects in this
-    order (``staging``), so that a cold read decompresses a prefix of its body.
-    ``segments`` False: the entries of the head's tail only (no segment is decoded), or the
-    newest entry when the tail is empty."""
-    out: dict[ObjectId, None] = {}  # (ordered)
+    out: set[ObjectId] = set()
     cids = [e.id for e in reversed(head.tail)][:recent]
-    if not segments and head.tail:
-        recent = len(cids)
-    elif not segments:
-        recent = 1
     if len(cids) < recent:
         for cid in _older(head, get, out, recent - len(cids)):
             cids.append(cid)
+    todo: list[ObjectId] = []
     for cid in cids:
         data = get(ObjectId(cid))
-        if data is None or len(out) >= MAX_REACHED:
+        if data is None:
             continue
-        out[ObjectId(cid)] = None
+        out.add(ObjectId(cid))
         try:
-            level = list(Record.decode(data).children())
+            todo.extend(Record.decode(data).children())
         except FormatError:
             continue
-        while level and len(out) < MAX_REACHED:
-            below: list[ObjectId] = []
-            for oid in level:
-                if oid in out:
-                    continue
-                data = get(oid)
-                if data is None:
-                    continue
-                out[oid] = None
-                if len(out) >= MAX_REACHED:
-                    break
-                try:
-                    below.extend(decode_node(data)[0])
-                except FormatError:
-                    continue
-            level = below
-    return list(out)
+    while todo and len(out) < MAX_REACHED:
+        oid = todo.pop()
+        if oid in out:
+            continue
+        data = get(oid)
+        if data is None:
+            continue
+        out.add(oid)
+        try:
+            todo.extend(decode_node(data)[0])
+        except FormatError:
+            continue
+    return out
 
 
-def _older(head: Head, get: Get, out: dict[ObjectId, None], n: int
-           ) -> Iterator[CheckpointId]:
+def _older(head: Head, get: Get, out: set[ObjectId], n: int) -> Iterator[CheckpointId]:
     """Up to ``n`` entries' ids of ``head``'s log segments, newest first (as a reader walks
     them: ``RefStore.iter_newest_first``), adding the segments read to ``out``."""
     for peak in reversed(head.peaks):
@@ -127,7 +108,7 @@ def _older(head: Head, get: Get, out: dict[ObjectId, None], n: int
             data = get(oid)
             if data is None or oid in out or len(out) >= MAX_REACHED:
                 continue
-            out[oid] = None
+            out.add(oid)
             try:
                 seg = Segment.decode(data)
             except FormatError:

@@ -92,7 +92,7 @@ class Pack:
         if stored is None or self._data is not None:
             return None
         try:
-            got = scratch_body(stored, max(ends))
+            got = scratch_body(stored)
         except FormatError as exc:
             raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
         if got is None:

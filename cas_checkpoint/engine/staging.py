@@ -27,9 +27,6 @@ MERGE_FACTOR = 4
 MAX_PACKS = 14  # a cold load: the ref, then at most this many packs in one parallel round
 SPLIT_LEVEL = 2  # a merge of this level or above keeps its live objects apart (live.py)
 FAST_MIN = 64 * 1024  # a save's new pack bigger than this is compressed fast (Zstd.fast)
-FIRST = 4  # a merge writes first what the head's newest this many entries reach (a LangGraph
-# checkpoint and the writes after it; those of its tail: no log segment is decoded for it), in
-# the order a cold read takes it (live.walk)
 
 PackReader = Callable[[list[ObjectId]], Mapping[ObjectId, Mapping[ObjectId, bytes | memoryview]]]
 """Reads packs (id -> their objects) for a merge."""
@@ -45,19 +42,17 @@ def make_pack(objects: Mapping[ObjectId, bytes | memoryview], level: int,
 
 
 def make_packs(objects: Mapping[ObjectId, bytes | memoryview], level: int,
-               compressor: Zstd | None = None, sealer: Key | None = None, first: int = 0
+               compressor: Zstd | None = None, sealer: Key | None = None
                ) -> tuple[PackRef, bytes, bytes]:
     """``make_pack``, and the pack as a reader sees it once it is opened (decrypted and
-    decompressed): what this process keeps in its cache, not undone from the stored bytes.
-    ``first``: how many leading objects a cold read of the newest state takes (a zstd block
-    ends after them: ``Zstd.compress_parts``)."""
+    decompressed): what this process keeps in its cache, not undone from the stored bytes."""
     if sealer is None and isinstance(compressor, Sealing):  # an encrypted store's packer
         if compressor.key is None:
             raise InvalidArgumentError("this store is encrypted and was opened key-less: it "
                                        "cannot write; open it with encryption=Key.from_env("
                                        "'CAS_KEY')")
         sealer = compressor.key
-    data, plain = encode_packs(objects, compressor, first)
+    data, plain = encode_packs(objects, compressor)
     if sealer is not None:
         data = seal_pack(data, sealer)
     return PackRef(object_id(data), level, len(data), len(objects)), data, plain
@@ -103,13 +98,9 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
         for p in extra + group:
             for oid, obj in parts[p.id].items():
                 merged.setdefault(oid, obj)
-        get = _at_hand(head, merged, packs[end:], fresh, read, level >= SPLIT_LEVEL)
-        first = {oid: merged[oid] for oid in live.walk(head, get, FIRST, segments=False)
-                 if oid in merged}
-        merged = first | merged  # (what a cold read of the newest state takes, first)
         made: list[tuple[dict[ObjectId, bytes | memoryview], int]] = [(merged, level)]
         if level >= SPLIT_LEVEL:
-            hot = live.reached(head, get) & merged.keys()
+            hot = _live(head, merged, packs[end:], fresh, read)
             if hot and len(hot) < len(merged):  # (all live: one pack, of history's level,
                 # so that each history pack has at most one live pack after it)
                 made = [({k: v for k, v in merged.items() if k not in hot}, level),
@@ -119,8 +110,7 @@ def stage(head: Head, new: Mapping[ObjectId, bytes], read: PackReader,
             plains.pop(p.id, None)
         refs = []
         for objects, at in made:  # (after: a live part may come out the very pack it was)
-            ref, data, plain = make_packs(objects, at, compressor, sealer,
-                                          sum(1 for oid in first if oid in objects))
+            ref, data, plain = make_packs(objects, at, compressor, sealer)
             written[ref.id], plains[ref.id], fresh[ref.id] = data, plain, objects
             refs.append(ref)
         packs[start:end] = refs
@@ -194,15 +184,12 @@ def _next_merge(packs: list[PackRef]) -> tuple[int, int] | None:
     return None
 
 
-def _at_hand(head: Head, merged: Mapping[ObjectId, bytes | memoryview], after: list[PackRef],
-             fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]], read: PackReader,
-             all_after: bool) -> live.Get:
-    """The objects a walk from ``head``'s newest entries (``live.walk``) can see: ``merged``,
-    the head's inline objects and the packs ``after`` them (with ``all_after`` False, only
-    those made in this stage: ordering a pack reads nothing more)."""
+def _live(head: Head, merged: Mapping[ObjectId, bytes | memoryview], after: list[PackRef],
+          fresh: dict[ObjectId, Mapping[ObjectId, bytes | memoryview]], read: PackReader
+          ) -> set[ObjectId]:
+    """The objects of ``merged`` that ``head``'s newest entries reach (``live.reached``),
+    walking through them, the packs ``after`` them and the head's inline objects."""
     at_hand: list[Mapping[ObjectId, bytes | memoryview]] = [merged]
-    if not all_after:
-        after = [p for p in after if p.id in fresh]
     if after:
         got = _read(after, fresh, read)
         at_hand += [got[p.id] for p in after]
@@ -216,7 +203,7 @@ def _at_hand(head: Head, merged: Mapping[ObjectId, bytes | memoryview], after: l
                 return data
         return None
 
-    return get
+    return live.reached(head, get) & merged.keys()
 
 
 def _runs(packs: list[PackRef]) -> list[tuple[int, int]]:

@@ -25,7 +25,6 @@ SAMPLED = 1 << 20  # ...a body over this size (a smaller one is compressed at on
 LEVELS = range(1, 20)  # zstd levels a store may use
 FAST = 1  # the level of a big pack of one save's new objects (Zstd.fast)
 MAX_WINDOW = 1 << 23  # zstd window a reader allows: levels 1-19 never use more than 8 MB
-BLOCK = 1 << 15  # a writer ends a zstd block past each this many bytes of body (compress_parts)
 
 
 def _bad(what: str) -> FormatError:
@@ -72,16 +71,11 @@ class Zstd:
                                                             write_content_size=True)
         return ctx
 
-    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int, first: int = 0
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
                        ) -> list[bytes] | None:
         """The body made of ``parts`` (``size`` bytes in all) compressed into one zstd frame
         as pieces to join (the parts are never joined first), or None when it does not pay
-        or would read as a bomb. A body that a reader takes through a scratch buffer (of
-        ``SCRATCH_MIN`` to ``SCRATCH_MAX`` bytes) ends a zstd block after the first ``first``
-        parts (the objects a cold read of the newest state takes: ``staging``) and after the
-        first part to end past each ``BLOCK`` bytes: the reader decompresses a prefix of the
-        body, a block at a time (``scratch_body``); zstd's window spans the blocks (one frame:
-        the stored bytes grow ~0.1-1%, measured)."""
+        or would read as a bomb."""
         if size < 64:
             return None
         ctx = self._context()
@@ -91,18 +85,7 @@ class Zstd:
                                _slice(parts, size - SAMPLE, SAMPLE)))
             if len(ctx.compress(sample)) > PAYS * len(sample):
                 return None
-        if SCRATCH_MIN <= size <= SCRATCH_MAX:  # (a body read a prefix at a time)
-            import zstandard
-
-            stream = ctx.compressobj(size=size)
-            out = []
-            for run in _blocks(parts, first):
-                piece = stream.compress(run[0] if len(run) == 1 else b"".join(run))
-                if piece:
-                    out.append(piece)
-                out.append(stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
-            out.append(stream.flush())
-        elif len(parts) == 1 or size <= SAMPLED:  # (a small body is joined: one call is
+        if len(parts) == 1 or size <= SAMPLED:  # (a small body is joined: one call is
             out = [ctx.compress(parts[0] if len(parts) == 1 else b"".join(parts))]  # cheaper)
         else:
             stream = ctx.compressobj(size=size)
@@ -112,18 +95,6 @@ class Zstd:
         if stored > PAYS * size or size > max(SMALL_BODY, MAX_RATIO * stored):
             return None
         return out
-
-
-def _blocks(parts: Sequence[bytes | memoryview], first: int
-            ) -> Iterator[Sequence[bytes | memoryview]]:
-    """``parts`` in the runs that end a zstd block each (``Zstd.compress_parts``): after part
-    ``first`` and after the first part to end past each ``BLOCK`` bytes."""
-    start, at, mark = 0, 0, BLOCK
-    for i, part in enumerate(parts):
-        at += len(part)
-        if at >= mark or i + 1 == first or i + 1 == len(parts):
-            yield parts[start:i + 1]
-            start, mark = i + 1, (at // BLOCK + 1) * BLOCK
 
 
 def _slice(parts: Sequence[bytes | memoryview], start: int, n: int) -> bytes:
@@ -163,9 +134,9 @@ class Sealing(Zstd):
     def compresses(self) -> bool:
         return self.inner is not None
 
-    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int, first: int = 0
+    def compress_parts(self, parts: Sequence[bytes | memoryview], size: int
                        ) -> list[bytes] | None:
-        return None if self.inner is None else self.inner.compress_parts(parts, size, first)
+        return None if self.inner is None else self.inner.compress_parts(parts, size)
 
 
 def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
@@ -177,12 +148,11 @@ def encode_pack(objects: Mapping[ObjectId, bytes | memoryview],
 
 
 def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
-                 compressor: Zstd | None = None, first: int = 0) -> tuple[bytes, bytes]:
+                 compressor: Zstd | None = None) -> tuple[bytes, bytes]:
     """``encode_pack``'s bytes, and the same pack as a reader sees it once it is decompressed
     (``open_pack``): the very same bytes object when the body stays plain. The body is never
     joined on its own: it is compressed from the objects, and copied once into each pack (the
-    compressed one first, so that a big body is not held three times over). ``first``: the
-    number of leading objects a cold read takes (a zstd block ends after them)."""
+    compressed one first, so that a big body is not held three times over)."""
     parts = list(objects.values())
     lengths = list(map(len, parts))
     short = max(lengths, default=0) < 1 << 16
@@ -193,8 +163,7 @@ def encode_packs(objects: Mapping[ObjectId, bytes | memoryview],
                       *parts]) if compressor is None or not compressor.compresses else None
     if plain is not None:
         return plain, plain
-    packed = (compressor.compress_parts(parts, sum(lengths), first) if compressor is not None
-              else None)
+    packed = compressor.compress_parts(parts, sum(lengths)) if compressor is not None else None
     stored = None
     if packed is not None:
         stored = b"".join([_HEADERS[PACK], bytes([(SHORT if short else 0) | ZSTD]), count,
@@ -378,132 +347,42 @@ SCRATCH_MAX = 1 << 19  # ...up to this many is read through one of a thread's sc
 # thread keeps the bodies of the last SCRATCH_KEPT packs
 SCRATCH_KEPT = 16  # it read there (more than the 14 a head names), in SCRATCH_BYTES at most
 SCRATCH_BYTES = 1 << 21
-STREAMS = 4  # bodies a thread is part-way through, at most (each holds a zstd context; the
-# oldest is stopped past that, and decompressed again from its start if it is read further)
-_SCRATCH = threading.local()  # this thread's kept bodies (``_Body``) and idle zstd contexts
+_SCRATCH = threading.local()  # this thread's [(stored pack, buffer, body size, body start)]
 
 
-class _Body:
-    """A compressed pack's body decompressed in a scratch buffer, as far as reads needed it
-    (``got`` bytes; ``reader`` the zstd stream that goes on from there, or None)."""
-
-    __slots__ = ("stored", "buf", "total", "body", "got", "reader", "dctx")
-
-    def __init__(self, stored: bytes | memoryview, buf: bytearray, total: int, body: int
-                 ) -> None:
-        self.stored, self.buf, self.total, self.body = stored, buf, total, body
-        self.got = 0
-        self.reader: Any = None
-        self.dctx: Any = None
-
-    def stop(self) -> None:
-        """Close its stream (its zstd context goes back to the thread's idle ones)."""
-        reader, self.reader = self.reader, None
-        if reader is not None:
-            reader.close()
-            _SCRATCH.idle.append(self.dctx)
-        self.dctx = None
-
-    def need(self, upto: int, kept: list[_Body]) -> None:
-        """Decompress the body on to at least its first ``upto`` bytes (zstd decodes a block
-        at a time: writers end blocks where cold reads stop, ``Zstd.compress_parts``)."""
-        if upto <= self.got:
-            return
-        if self.reader is None:
-            idle: list[Any] = _SCRATCH.idle
-            if not idle:  # (a thread makes STREAMS contexts at most, and reuses them: a new
-                # one costs ~8 us, and its first frame ~12 us more than a used one's)
-                streams = [b for b in kept if b.reader is not None]
-                if len(streams) >= STREAMS:
-                    streams[0].stop()
-                else:
-                    import zstandard
-
-                    idle.append(zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW))
-            self.dctx = idle.pop()
-            self.got = 0  # (a stream stopped part-way starts again from the frame's start)
-            self.reader = self.dctx.stream_reader(memoryview(self.stored)[self.body:],
-                                                  read_across_frames=False)
-        self.got = _stream_into(self.reader, memoryview(self.buf)[:self.total], self.got,
-                                upto)
-        if self.got == self.total:
-            self.stop()
-
-
-def _stream_into(reader: Any, dest: memoryview, got: int, upto: int) -> int:
-    """Read ``reader``'s plain bytes into ``dest`` from ``got`` to at least ``upto``; at the
-    end of ``dest``, check that the frame ends there too. Returns where it stopped."""
-    import zstandard
-
-    total, extra = len(dest), bytearray(1)
-    try:
-        while got < upto:
-            n = reader.readinto(dest[got:upto])
-            if not n:
-                break
-            got += n
-        if got == total:
-            got += reader.readinto(extra)
-    except (zstandard.ZstdError, MemoryError) as exc:
-        reader.close()
-        raise _bad(f"its compressed body does not decompress ({exc or type(exc).__name__})"
-                   ) from None
-    finally:
-        dest.release()
-    if got < upto or got > total:
-        reader.close()
-        raise _bad(f"its body decompresses to {'more than ' if got > total else ''}{got} "
-                   f"bytes, not the {total} its index says")
-    return got
-
-
-def scratch_body(stored: bytes | memoryview, upto: int | None = None
-                 ) -> tuple[memoryview, int] | None:
-    """The decompressed body of the compressed pack ``stored`` (the very bytes object), at
-    least as far as plain offset ``upto`` (an offset in the pack, as its index's; None: all
-    of it), and where the body starts in the plain pack (an index offset less that is an
-    offset in the body), in one of this thread's scratch buffers; None for a pack that is not
-    compressed or whose body is under ``SCRATCH_MIN`` or over ``SCRATCH_MAX`` bytes. The
-    buffers are reused: a cold read of a pack whose body the caches do not keep decompressed
-    copies out the objects it takes (a kept body would be ~5x the bytes a read of the newest
-    state takes, in memory fresh to the process each time). The body is decompressed as far
-    as reads need it, on from where the last one stopped: writers put the objects a cold read
-    of the newest state takes first (``staging``). The view is valid until this thread's
+def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
+    """The decompressed body of the compressed pack ``stored`` (the very bytes object), and
+    where the body starts in the plain pack (an index offset less that is an offset in the
+    body), in one of this thread's scratch buffers; None for a pack that is not compressed or
+    whose body is under ``SCRATCH_MIN`` or over ``SCRATCH_MAX`` bytes. The buffers are
+    reused: a cold read of a pack whose body the caches do not keep decompressed copies out
+    the objects it takes (a kept body would be ~5x the bytes a read of the newest state
+    takes, in memory fresh to the process each time). The view is valid until this thread's
     next call: the caller copies what it needs, then releases it. The bodies of the thread's
     last ``SCRATCH_KEPT`` packs stay decompressed: a read that takes a tree level at a time
     decompresses each pack once."""
-    kept: list[_Body] | None = getattr(_SCRATCH, "kept", None)
+    kept: list[list[Any]] | None = getattr(_SCRATCH, "kept", None)
     if kept is None:
         kept = _SCRATCH.kept = []
-        _SCRATCH.idle = []
-    got: _Body | None = None
     for i, entry in enumerate(kept):
-        if entry.stored is stored:
+        if entry[0] is stored:
             if i != len(kept) - 1:
                 kept.append(kept.pop(i))
-            got = entry
-            break
-    if got is None:
-        view, body, _, _, total = _header(stored)
-        if not view[5] & ZSTD or not SCRATCH_MIN <= total <= SCRATCH_MAX:
-            return None
-        spare = bytearray()  # (the biggest buffer let go of, for this body if it is big
-        held = sum([len(entry.buf) for entry in kept])  # enough: a thread's buffers settle
-        while kept and (len(kept) >= SCRATCH_KEPT or held + total > SCRATCH_BYTES):  # at the
-            gone = kept.pop(0)  # sizes of the bodies it reads, and their memory stays the
-            gone.stop()  # process's)
-            held -= len(gone.buf)
-            if len(gone.buf) > len(spare):
-                spare = gone.buf
-        got = _Body(stored, spare if len(spare) >= total else bytearray(total), total, body)
-        kept.append(got)
-    try:
-        got.need(got.total if upto is None else min(upto - got.body, got.total), kept)
-    except FormatError:
-        got.reader = got.dctx = None  # (a context a damaged frame stopped is not used again)
-        kept.remove(got)
-        raise
-    return memoryview(got.buf)[:got.got].toreadonly(), got.body
+            return memoryview(entry[1])[:entry[2]].toreadonly(), entry[3]
+    view, body, _, _, total = _header(stored)
+    if not view[5] & ZSTD or not SCRATCH_MIN <= total <= SCRATCH_MAX:
+        return None
+    spare = bytearray()  # (the biggest buffer let go of, for this body if it is big enough:
+    held = sum([len(entry[1]) for entry in kept])  # a thread's buffers settle at the sizes of
+    while kept and (len(kept) >= SCRATCH_KEPT or held + total > SCRATCH_BYTES):  # the bodies
+        buf = kept.pop(0)[1]  # it reads, and their memory stays the process's)
+        held -= len(buf)
+        if len(buf) > len(spare):
+            spare = buf
+    buf = spare if len(spare) >= total else bytearray(total)
+    _decompress(view, body, total, memoryview(buf)[:total])
+    kept.append([stored, buf, total, body])
+    return memoryview(buf)[:total].toreadonly(), body
 
 
 def pack_index(data: bytes | memoryview) -> tuple[PackIndex, int]:
