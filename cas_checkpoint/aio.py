@@ -34,8 +34,8 @@ from cas_checkpoint.backends import (
 )
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
-from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core
-from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.core import CACHE_BYTES, Core
+from cas_checkpoint.engine.model import UNSET, Checkpoint, CheckpointInfo, StoreStats, Unset
 from cas_checkpoint.engine.refs import HEADS
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, arun, landed
@@ -170,9 +170,9 @@ class AsyncCheckpointStore:
 
     async def save(self, thread_id: str, state: Any, *, label: str | None = None,
                    tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-                   expected_head: CheckpointId | None = UNSET, status: str | None = None,
+                   expected_head: CheckpointId | None | Unset = UNSET, status: str | None = None,
                    kind: str | None = None, reason: str | None = None,
-                   keep_last: int | None = UNSET) -> CheckpointInfo:
+                   keep_last: int | None | Unset = UNSET) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id`` (see ``CheckpointStore.save``).
         Many tasks may save to one thread at once: every save lands, each on the head before
         it (compare-and-swap)."""
@@ -261,13 +261,13 @@ class AsyncCheckpointStore:
         return await self._run(self._core.fork(thread_id, checkpoint_id, new_thread_id))
 
     async def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
-                     expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+                     expected_head: CheckpointId | None | Unset = UNSET) -> CheckpointInfo:
         """Move the head back to a checkpoint; checkpoints added after it leave the thread."""
         return await self._run(self._core.rewind(thread_id, checkpoint_id,
                                                  expected_head=expected_head))
 
     async def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
-                     expected_head: CheckpointId | None = UNSET) -> None:
+                     expected_head: CheckpointId | None | Unset = UNSET) -> None:
         """Remove these checkpoints from a thread in one compare-and-swap (see
         ``CheckpointStore.delete``)."""
         await self._run(self._core.delete(thread_id, *checkpoint_ids,

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from cas_checkpoint.backends import Backend, backend_for, check_open_args, open_backend, sealed
 from cas_checkpoint.engine import encryption as crypto
 from cas_checkpoint.engine import settings as marker
-from cas_checkpoint.engine.core import CACHE_BYTES, UNSET, Core, log
-from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, StoreStats
+from cas_checkpoint.engine.core import CACHE_BYTES, Core, log
+from cas_checkpoint.engine.model import UNSET, Checkpoint, CheckpointInfo, StoreStats, Unset
 from cas_checkpoint.engine.refs import HEADS
 from cas_checkpoint.engine.retention import PruneReport
 from cas_checkpoint.engine.steps import Step, run
@@ -186,9 +186,9 @@ class CheckpointStore:
 
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-             expected_head: CheckpointId | None = UNSET, status: str | None = None,
+             expected_head: CheckpointId | None | Unset = UNSET, status: str | None = None,
              kind: str | None = None, reason: str | None = None,
-             keep_last: int | None = UNSET) -> CheckpointInfo:
+             keep_last: int | None | Unset = UNSET) -> CheckpointInfo:
         """Store ``state`` as the new head of ``thread_id``; its parent is the current head.
 
         With ``expected_head`` (an id, or None for "the thread must not exist yet") the save
@@ -294,13 +294,13 @@ class CheckpointStore:
         return self._run(self._core.fork(thread_id, checkpoint_id, new_thread_id))
 
     def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
-               expected_head: CheckpointId | None = UNSET) -> CheckpointInfo:
+               expected_head: CheckpointId | None | Unset = UNSET) -> CheckpointInfo:
         """Move the head back to a checkpoint; checkpoints added after it leave the thread."""
         return self._run(self._core.rewind(thread_id, checkpoint_id,
                                            expected_head=expected_head))
 
     def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
-               expected_head: CheckpointId | None = UNSET) -> None:
+               expected_head: CheckpointId | None | Unset = UNSET) -> None:
         """Remove these checkpoints from a thread, in one compare-and-swap (refs only; objects
         stay until repack and gc): checkpoints saved meanwhile stay, and an id not in the thread
         raises NotFoundError with nothing removed. If the head goes, it moves to its nearest

@@ -73,6 +73,16 @@ def recorded_calls(steps: int = STEPS) -> list[tuple[str, tuple[Any, ...]]]:
     return calls
 
 
+@pytest.fixture(autouse=True)
+def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counts are those of an application without an OpenTelemetry SDK: a test that
+    installed one earlier in the process (test_telemetry) puts every operation in a span,
+    ~9 Python calls a put more."""
+    from cas_checkpoint.engine import telemetry
+
+    monkeypatch.setattr(telemetry, "ENABLED", False)
+
+
 @pytest.fixture(scope="module")
 def calls() -> list[tuple[str, tuple[Any, ...]]]:
     return recorded_calls()

@@ -185,3 +185,21 @@ def test_importing_the_package_imports_no_optional_heavy_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_an_argument_not_given_reads_unset_not_ellipsis() -> None:
+    """Where ``None`` means something (``expected_head=None``: the thread must not exist;
+    ``keep_last=None``: keep all), "not given" is the typed sentinel ``UNSET``, and help()
+    says so (it read ``= Ellipsis``, typed ``Any``)."""
+    from cas_checkpoint import AsyncCheckpointStore
+    from cas_checkpoint.engine.model import UNSET, Unset
+
+    for method in (CheckpointStore.save, AsyncCheckpointStore.save, CheckpointStore.rewind,
+                   CheckpointStore.delete):
+        params = inspect.signature(method).parameters
+        given = [p for p in params.values() if p.default is UNSET]
+        assert given, method
+        for p in given:
+            assert "Unset" in str(p.annotation), (method, p)
+            assert f"{p.name}: '{p.annotation}' = UNSET" in str(inspect.signature(method))
+    assert repr(UNSET) == "UNSET" and isinstance(UNSET, Unset)

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from cas_checkpoint.engine import model, retention
 from cas_checkpoint.engine.caches import STATE_CACHE_BYTES, Known
-from cas_checkpoint.engine.model import CheckpointInfo, add_meta, check_id, check_meta, info_of
+from cas_checkpoint.engine.model import (
+    UNSET,
+    CheckpointInfo,
+    Unset,
+    add_meta,
+    check_id,
+    check_meta,
+    info_of,
+)
 from cas_checkpoint.engine.refs import Ref, new_lineage, thread_key
 from cas_checkpoint.engine.refs import append as log_append
 from cas_checkpoint.engine.steps import Step
@@ -48,7 +56,6 @@ from cas_checkpoint.tree import build as tree
 if TYPE_CHECKING:
     from cas_checkpoint.engine.core import Core
 
-UNSET: Any = ...
 
 Check = Callable[[Head], Step[dict[str, Any] | None]]
 """Runs inside the compare-and-swap on the head a part extends; may raise to refuse the part;
@@ -84,7 +91,7 @@ def prepare(core: Core, state: Any, *, label: str | None = None, tags: Iterable[
             metadata: dict[str, Any] | None = None,
             parents: Iterable[CheckpointId] | None = None, check: Check | None = None,
             status: str | None = None, kind: str | None = None,
-            reason: str | None = None, keep_last: int | None = UNSET,
+            reason: str | None = None, keep_last: int | None | Unset = UNSET,
             retain: retention.Retain | None = None) -> Part:
     """Check a save's arguments and split its state into nodes (raises before anything is
     written). ``keep_last`` (this save only: exact) or the store's ``keep_last`` (exact or in
@@ -119,7 +126,7 @@ class _NoneLeft(Exception):
 
 
 def commit(core: Core, thread_id: str, parts: list[Part],
-           expected_head: CheckpointId | None = UNSET) -> Step[list[Part]]:
+           expected_head: CheckpointId | None | Unset = UNSET) -> Step[list[Part]]:
     """Append ``parts`` to the thread in one compare-and-swap (see the module docs). Returns
     the parts: each has its ``entry`` (landed) or its ``error`` (refused, not written)."""
     thread_key(thread_id)

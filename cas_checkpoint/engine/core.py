@@ -16,7 +16,7 @@ from cas_checkpoint.engine import locate, model, retention, seek, settings
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.caches import Known, Remembered, Threads
 from cas_checkpoint.engine.locate import LOAD_RETRIES
-from cas_checkpoint.engine.model import Checkpoint, CheckpointInfo, check_id, info_of
+from cas_checkpoint.engine.model import UNSET, Checkpoint, CheckpointInfo, Unset, check_id, info_of
 from cas_checkpoint.engine.object_store import ObjectStore, View
 from cas_checkpoint.engine.refs import Change, Ref, RefStore, build, new_lineage, thread_key
 from cas_checkpoint.engine.steps import ReadRefs, Step
@@ -42,7 +42,6 @@ from cas_checkpoint.tree import build as tree
 log = logging.getLogger("cas_checkpoint")
 log.addHandler(logging.NullHandler())
 
-UNSET: Any = ...
 CACHE_BYTES = 256 * 1024 * 1024  # packs kept in memory per store object, at most (pack_cache.py)
 _T = TypeVar("_T")
 
@@ -87,12 +86,12 @@ class Core:
 
     def save(self, thread_id: str, state: Any, *, label: str | None = None,
              tags: Iterable[str] = (), metadata: dict[str, Any] | None = None,
-             expected_head: CheckpointId | None = UNSET,
+             expected_head: CheckpointId | None | Unset = UNSET,
              parents: Iterable[CheckpointId] | None = None,
              check: Callable[[Head], Step[dict[str, Any] | None]] | None = None,
              status: str | None = None,
              kind: str | None = None, reason: str | None = None,
-             keep_last: int | None = UNSET,
+             keep_last: int | None | Unset = UNSET,
              retain: retention.Retain | None = None) -> Step[CheckpointInfo]:
         """(``check(head)``, if given, runs inside the compare-and-swap on the head the save
         would extend, and may raise to refuse it: a condition on more than the head's id. What
@@ -119,7 +118,7 @@ class Core:
         return group.prepare(self, state, **kw)
 
     def commit(self, thread_id: str, parts: list[group.Part],
-               expected_head: CheckpointId | None = UNSET
+               expected_head: CheckpointId | None | Unset = UNSET
                ) -> Step[list[CheckpointInfo | Exception]]:
         """Prepared saves of one thread, appended in order in one compare-and-swap (a group
         commit, ``commit.py``): each part's ``CheckpointInfo``, or the error that refused it
@@ -490,7 +489,7 @@ class Core:
         return ref
 
     def rewind(self, thread_id: str, checkpoint_id: CheckpointId, *,
-               expected_head: CheckpointId | None = UNSET) -> Step[CheckpointInfo]:
+               expected_head: CheckpointId | None | Unset = UNSET) -> Step[CheckpointInfo]:
         cid = check_id(checkpoint_id)
         found: dict[str, LogEntry] = {}
 
@@ -516,7 +515,7 @@ class Core:
         self._warm.forget(thread_id)
 
     def _edit(self, thread_id: str, change: Change,
-              expected_head: CheckpointId | None = UNSET) -> Step[None]:
+              expected_head: CheckpointId | None | Unset = UNSET) -> Step[None]:
         """A history edit of an existing thread, by compare-and-swap."""
         self._threads.forget(thread_id, ref_only=True)
         current = yield from self.ref(thread_id)
@@ -524,7 +523,7 @@ class Core:
                                     current=current)
 
     def delete(self, thread_id: str, *checkpoint_ids: CheckpointId,
-               expected_head: CheckpointId | None = UNSET) -> Step[None]:
+               expected_head: CheckpointId | None | Unset = UNSET) -> Step[None]:
         ids = retention.check_ids(checkpoint_ids)
         yield from self._edit(thread_id, retention.removal(self.refs, thread_id, ids),
                               expected_head=expected_head)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from enum import Enum
+from typing import Any, Final
 
 import msgpack
 
@@ -27,6 +28,19 @@ from cas_checkpoint.format.objects import (
     is_object_id,
     unpack_meta,
 )
+
+
+class Unset(Enum):
+    """The type of ``UNSET``: an argument not given, where ``None`` means something else
+    (``expected_head=None``: the thread must not exist; ``keep_last=None``: keep all)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = Unset.UNSET
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from cas_checkpoint.backends import Backend, ObjectInfo, RefMismatch
 from cas_checkpoint.backends.sealed import SealedBackend
 from cas_checkpoint.engine import collect, staging
 from cas_checkpoint.engine.archive import InArchive
+from cas_checkpoint.engine.model import UNSET, Unset
 from cas_checkpoint.engine.object_store import NeedPacks, ObjectStore, Pack, View, pack_key
 from cas_checkpoint.engine.steps import (
     DeleteMany,
@@ -461,8 +462,8 @@ class RefStore:
         thread_id: str,
         change: Change,
         *,
-        expected_head: CheckpointId | None | object = ...,
-        current: Ref | None | object = ...,
+        expected_head: CheckpointId | None | Unset = UNSET,
+        current: Ref | None | Unset = UNSET,
         done: Callable[[Ref], Step[bool]] | None = None,
         collect: bool = True,
     ) -> Step[Ref | None]:
@@ -482,16 +483,15 @@ class RefStore:
         while nothing else deletes meanwhile). Returns the ref written (or the one found
         holding the change), or None when it was deleted."""
         key = thread_key(thread_id)
-        fresh = current is ...
-        ref = (yield from self.read(thread_id)) if fresh else current
+        fresh = current is UNSET
+        ref = (yield from self.read(thread_id)) if current is UNSET else current
         for attempt in range(RETRIES):
-            assert ref is None or isinstance(ref, Ref)
             actual = ref.head.head if ref else None
-            if expected_head is not ... and actual != expected_head:
+            if expected_head is not UNSET and actual != expected_head:
                 if not fresh:
                     ref, fresh = (yield from self.read(thread_id)), True
                     continue
-                raise ConflictError(thread_id, expected_head, actual)  # type: ignore[arg-type]
+                raise ConflictError(thread_id, expected_head, actual)
             packs: dict[ObjectId, bytes] = {}
             contents: dict[ObjectId, tuple[ObjectId, ...]] = {}
             opened: dict[ObjectId, bytes] = {}
