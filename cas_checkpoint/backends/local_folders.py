@@ -72,7 +72,8 @@ class DurableFolders:
         there, is inside too, so its ``realpath`` (an ``lstat`` per level: 5-7 calls for a
         pack folder, x256 pack folders a store object) is not needed. False: not known, the
         caller makes it with ``makedirs`` and checks its ``realpath``."""
-        if os.path.dirname(folder) not in self._inside:
+        parent = os.path.dirname(folder)
+        if parent not in self._inside and not self._found_inside(parent):
             return False
         try:
             os.mkdir(folder)
@@ -81,6 +82,18 @@ class DurableFolders:
                 return False  # (a link, say: the caller's realpath decides)
         except FileNotFoundError:
             return False  # (its parent went away meanwhile)
+        self._inside.add(folder)
+        return True
+
+    def _found_inside(self, folder: str) -> bool:
+        """Whether ``folder`` (under the root) is a folder whose ``realpath`` is inside the
+        root, remembered in ``_inside`` if so: one ``realpath`` for ``packs/``, not one for
+        each of the 256 folders made in it."""
+        if not folder.startswith(self.root + os.sep) or not os.path.isdir(folder):
+            return False
+        real = os.path.realpath(folder)
+        if real != self._real and not real.startswith(self._real + os.sep):
+            return False  # (the caller's own realpath raises, naming the folder)
         self._inside.add(folder)
         return True
 
