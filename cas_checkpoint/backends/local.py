@@ -348,11 +348,14 @@ class LocalBackend(DurableFolders, Backend):
                         time.sleep(min(delay, LOCK_WAIT - waited))
                         delay = min(delay * 2, 0.05)
                 # A lock file is removed (under its lock) with its thread: one that was removed
-                # while we waited is no lock any more; take the one at its name now. Lock files
-                # are only ever made at this name and unlinked (never renamed or linked), so
-                # the one we hold is still at its name exactly while it has a link: one
-                # ``fstat``, no ``stat`` of the name to compare with.
-                if os.fstat(fd).st_nlink > 0:
+                # while we waited is no lock any more; take the one at its name now.
+                # (Compared with the file at its name, not by ``st_nlink``: on NFS a removed
+                # file another process holds open is renamed, not unlinked, so it keeps a link.)
+                try:
+                    same = os.path.samestat(os.fstat(fd), os.stat(lock))
+                except FileNotFoundError:
+                    same = False
+                if same:
                     # (nothing is written into it: a lock file holds no clear information)
                     yield time.monotonic() - started
                     return
