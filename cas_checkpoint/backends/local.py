@@ -41,6 +41,18 @@ MAX_REF_FILE = ref_slots.max_file(MAX_REF_BYTES)  # a ref file larger than this 
 REPAIR = ("Run `cas-checkpoint verify STORE` to see what each slot holds, then `cas-checkpoint "
           "repair-ref STORE THREAD --use-slot N` (keep a whole slot's head) or `--remove`")
 TORN_READS = 100  # a reader that keeps finding no valid slot in changing bytes gives up then
+# A temp file's name: ``<key's path>.tmp-<pid>-<12 random hex digits>-<n>``, the random part
+# drawn once a process (again in a forked child) and ``n`` counted, so that naming one costs no
+# ``getpid`` or ``getrandom`` call (``O_EXCL`` refuses a name that exists all the same).
+_TMP = [f".tmp-{os.getpid()}-{secrets.token_hex(6)}-"]
+_TMP_COUNT = itertools.count()
+
+
+def _new_tmp_names() -> None:
+    _TMP[0] = f".tmp-{os.getpid()}-{secrets.token_hex(6)}-"
+
+
+os.register_at_fork(after_in_child=_new_tmp_names)
 
 
 def _holder(fd: int) -> str:
@@ -136,7 +148,7 @@ class LocalBackend(DurableFolders, Backend):
 
     def _write_tmp(self, path: str, data: bytes) -> str:
         """A temp file beside ``path`` (whose folder is made) holding ``data``, flushed."""
-        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        tmp = f"{path}{_TMP[0]}{next(_TMP_COUNT)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -168,16 +180,19 @@ class LocalBackend(DurableFolders, Backend):
                 pass  # a gc took it just now (see gc.py): write it again
         self._makedirs(os.path.dirname(path), made)
         tmp = self._write_tmp(path, data)
+        replaced = False
         try:
             if size is not None and size != len(data):
                 os.replace(tmp, path)  # a damaged copy (truncated, say): never reuse it
+                replaced = True
             else:
                 os.link(tmp, path)
         except FileExistsError:
             pass
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if not replaced:  # (no stat first: the name is there unless replaced)
+                with suppress(FileNotFoundError):
+                    os.unlink(tmp)
         return os.path.dirname(path)
 
     def put_many(self, items: dict[str, bytes]) -> None:
@@ -340,6 +355,8 @@ class LocalBackend(DurableFolders, Backend):
                         delay = min(delay * 2, 0.05)
                 # A lock file is removed (under its lock) with its thread: one that was removed
                 # while we waited is no lock any more; take the one at its name now.
+                # (Compared with the file at its name, not by ``st_nlink``: on NFS a removed
+                # file another process holds open is renamed, not unlinked, so it keeps a link.)
                 try:
                     same = os.path.samestat(os.fstat(fd), os.stat(lock))
                 except FileNotFoundError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import stat
 import threading
 from collections.abc import Iterable
 
@@ -23,6 +24,9 @@ class DurableFolders:
 
     def __init__(self) -> None:
         self._dirs_made: set[str] = set()
+        # folders found to be real folders inside the root (the root's own realpath checked
+        # once): a folder made in one of them with ``mkdir`` is one too, with no ``realpath``
+        self._inside: set[str] = {self.root}
         self._entries_synced: set[str] = set()  # folders whose own names were fsynced
         self._owed: list[str] = []  # folders made whose names the next write flushes
         self._owed_lock = threading.Lock()
@@ -43,12 +47,14 @@ class DurableFolders:
         flush that costs no commit of its own (ext4: ~50 us, against ~250 us first)."""
         if folder in self._dirs_made:
             return
-        os.makedirs(folder, exist_ok=True)
-        real = os.path.realpath(folder)
-        if real != self._real and not real.startswith(self._real + os.sep):
-            raise StorageError(
-                f"{folder} leads out of the store (to {real}) through a link; remove the "
-                "link: cas_checkpoint writes only inside its root")
+        if not self._made_inside(folder):
+            os.makedirs(folder, exist_ok=True)
+            real = os.path.realpath(folder)
+            if real != self._real and not real.startswith(self._real + os.sep):
+                raise StorageError(
+                    f"{folder} leads out of the store (to {real}) through a link; remove the "
+                    "link: cas_checkpoint writes only inside its root")
+            self._inside.add(folder)
         made, entry = [], folder
         while entry not in self._entries_synced and entry.startswith(self.root + os.sep):
             made.append(entry)
@@ -59,6 +65,37 @@ class DurableFolders:
             self._flush((), made)
         else:
             later.extend(made)
+
+    def _made_inside(self, folder: str) -> bool:
+        """Make ``folder`` with one ``mkdir`` when its parent is a folder known to be inside
+        the root (``_inside``): what ``mkdir`` makes there, or a folder (not a link) found
+        there, is inside too, so its ``realpath`` (an ``lstat`` per level: 5-7 calls for a
+        pack folder, x256 pack folders a store object) is not needed. False: not known, the
+        caller makes it with ``makedirs`` and checks its ``realpath``."""
+        parent = os.path.dirname(folder)
+        if parent not in self._inside and not self._found_inside(parent):
+            return False
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                return False  # (a link, say: the caller's realpath decides)
+        except FileNotFoundError:
+            return False  # (its parent went away meanwhile)
+        self._inside.add(folder)
+        return True
+
+    def _found_inside(self, folder: str) -> bool:
+        """Whether ``folder`` (under the root) is a folder whose ``realpath`` is inside the
+        root, remembered in ``_inside`` if so: one ``realpath`` for ``packs/``, not one for
+        each of the 256 folders made in it."""
+        if not folder.startswith(self.root + os.sep) or not os.path.isdir(folder):
+            return False
+        real = os.path.realpath(folder)
+        if real != self._real and not real.startswith(self._real + os.sep):
+            return False  # (the caller's own realpath raises, naming the folder)
+        self._inside.add(folder)
+        return True
 
     def _flush(self, folders: Iterable[str], made: Iterable[str] = ()) -> None:
         """Flush ``folders`` (the names just written into them), then the parent of each
