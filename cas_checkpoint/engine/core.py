@@ -148,7 +148,10 @@ class Core:
     def ref(self, thread_id: str) -> Step[Ref]:
         ref = yield from self.refs.read(thread_id)
         if ref is None or ref.head.head is None:
-            if self.objects.keyring is None:  # an encrypted store opened without its key
+            if self.objects.keyring is None and self.objects.settings is None:
+                # an encrypted store opened without its key? (not once this object wrote: its
+                # first write read the settings and refused that; a CasSaver's new namespace
+                # is a missing thread every turn)
                 yield from settings.refuse_encrypted(self.url)
             raise NotFoundError(f"thread {thread_id!r} does not exist in {self.url}; "
                                 "threads() lists the threads there are")
