@@ -1,0 +1,148 @@
+"""Objects the decoder rebuilt, kept by the exact bytes they were rebuilt from, so that decoding
+those bytes again copies the object instead of building it again. Pure code.
+
+A LangGraph state's messages are decoded at every read of the thread (each ``get_tuple``, each
+new saver): 400 messages at 200 turns, each one a class's ``__init__`` and pydantic's
+validation (~4 us each). The same bytes always rebuild an equal object, so the second time
+a copy does (pydantic's own ``__copy__``, ~1 us).
+
+Rules, so that a copy is what a decode would have given:
+
+* keyed by the object's whole stored payload (its class name and data), and used only by a
+  registry that maps that name to the very class, with an equal entry;
+* kept only for a pydantic model rebuilt by its class from its stored dict, whose attributes
+  are exactly that dict (nothing a default factory made, nothing a validator changed), each
+  an immutable scalar or an empty dict or list, with no extra fields or private attributes
+  holding anything: a copy shares only immutable values, and gets new empty containers;
+* the object kept is never handed out (a miss returns the object built, and keeps a copy),
+  so nothing a caller does to what it got changes what the next decode gives.
+
+Bounded: two generations of at most ``KEPT`` entries and ``KEPT_BYTES`` key bytes each;
+a key found in the older one moves to the newer one, the older one is dropped when the newer
+one is full. Forgetting costs building the object again, never correctness."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+KEPT = 1 << 15  # entries per generation
+KEPT_BYTES = 8 << 20  # key bytes per generation
+MAX_KEY = 16 << 10  # a payload longer than this is not kept
+
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """An object rebuilt from a payload (``obj``, never handed out), its class and registry
+    entry, and the attributes that are an empty dict or list (new ones in each copy)."""
+
+    cls: type
+    entry: Any
+    obj: Any
+    dicts: tuple[str, ...]
+    lists: tuple[str, ...]
+    copy: Callable[[Any], Any]
+
+    def copy_out(self) -> Any:
+        return _copy(self.copy, self.obj, self.dicts, self.lists)
+
+
+class Rebuilt:
+    """The kept objects by payload (see the module docs); safe to use from several threads."""
+
+    def __init__(self, kept: int = KEPT, kept_bytes: int = KEPT_BYTES) -> None:
+        self.limit, self.limit_bytes = kept, kept_bytes
+        self._lock = threading.Lock()
+        self._new: dict[bytes, Kept] = {}
+        self._old: dict[bytes, Kept] = {}
+        self._bytes = 0
+        self.kept = 0  # objects kept (a counter)
+
+    def get(self, data: bytes) -> Kept | None:
+        got = self._new.get(data)
+        if got is None:
+            got = self._old.get(data)
+            if got is not None:
+                self._put(data, got)
+        return got
+
+    def _put(self, data: bytes, kept: Kept) -> None:
+        with self._lock:
+            if data in self._new:
+                return
+            if len(self._new) >= self.limit or self._bytes + len(data) > self.limit_bytes:
+                self._old, self._new, self._bytes = self._new, {}, 0
+            self._new[data] = kept
+            self._bytes += len(data)
+
+    def keep(self, data: bytes, cls: type, entry: Any, obj: Any, state: Any) -> None:
+        """Keep a copy of ``obj``, which ``cls`` built from ``state`` (the dict stored in
+        ``data``), when a copy of it is what rebuilding it again would give."""
+        if type(data) is not bytes or len(data) > MAX_KEY or type(obj) is not cls:
+            return
+        copier = _model_copy(cls)
+        attrs = getattr(obj, "__dict__", None)
+        if (copier is None or type(attrs) is not dict or type(state) is not dict
+                or attrs.keys() != state.keys()
+                or not _empty(getattr(obj, "__pydantic_extra__", None))
+                or not _empty(getattr(obj, "__pydantic_private__", None))):
+            return
+        dicts, lists = [], []
+        for key, value in attrs.items():
+            kind = type(value)
+            if kind in _SCALARS:
+                continue
+            if kind is dict and not value:
+                dicts.append(key)
+            elif kind is list and not value:
+                lists.append(key)
+            else:
+                return
+        try:
+            if attrs != state:  # (a validator changed a value: not the data's own object)
+                return
+        except Exception:  # (a value whose __eq__ raised)
+            return
+        kept = (tuple(dicts), tuple(lists))  # (a copy is kept: ``obj`` goes to the caller)
+        self._put(data, Kept(cls, entry, _copy(copier, obj, *kept), *kept, copier))
+        self.kept += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._new, self._old, self._bytes, self.kept = {}, {}, 0, 0
+
+
+def _copy(copier: Callable[[Any], Any], obj: Any, dicts: tuple[str, ...],
+          lists: tuple[str, ...]) -> Any:
+    """``copier(obj)`` with new empty containers for the attributes ``dicts`` and ``lists``."""
+    new = copier(obj)
+    attrs = new.__dict__
+    for key in dicts:
+        attrs[key] = {}
+    for key in lists:
+        attrs[key] = []
+    return new
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (type(value) is dict and not value)
+
+
+def _model_copy(cls: type) -> Callable[[Any], Any] | None:
+    """pydantic's ``BaseModel.__copy__`` (a shallow copy of a model's state: its attributes,
+    extra fields, fields set and private attributes), not an override of it; None for a
+    class that is not a pydantic model."""
+    import sys
+
+    pydantic = sys.modules.get("pydantic")  # (a model class implies pydantic is imported)
+    base = None if pydantic is None else getattr(pydantic, "BaseModel", None)
+    if base is None or not issubclass(cls, base):
+        return None
+    return base.__copy__  # type: ignore[no-any-return]
+
+
+REBUILT = Rebuilt()  # the process's (a payload's object is the same whatever store holds it)
