@@ -24,7 +24,7 @@ BUILT: list[str] = []
 class Note(pydantic.BaseModel):  # as LangChain's messages: a model with its own __init__
     text: str
     tags: dict[str, Any] = {}
-    refs: list[int] = []
+    refs: list[Any] = []
     seen: int | None = None
 
     def __init__(self, **data: Any) -> None:
@@ -37,7 +37,7 @@ class Stamped(pydantic.BaseModel):  # a field the stored data does not give: mad
     token: str = pydantic.Field(default_factory=lambda: uuid.uuid4().hex)
 
 
-class Loaded(pydantic.BaseModel):  # a non-empty container: shared by a copy, so built again
+class Loaded(pydantic.BaseModel):  # a container that msgpack would not give back: built again
     text: str
     tags: dict[str, Any]
 
@@ -56,7 +56,9 @@ def fresh() -> Iterator[None]:
 
 def test_the_same_bytes_decoded_again_build_nothing() -> None:
     reg = codec.TypeRegistry([Note])
-    notes = [Note(text=f"note {i}", seen=i) for i in range(50)]
+    notes = [Note(text=f"note {i}", seen=i) for i in range(40)] + [
+        Note(text=f"call {i}", tags={"args": {"q": [i, 1.5, True, None, "x"]}, b"k": b"v"},
+             refs=[i, [i]]) for i in range(10)]
     data = codec.encode(notes, types=reg)
     BUILT.clear()
     first = codec.decode(data, types=reg)
@@ -67,14 +69,19 @@ def test_the_same_bytes_decoded_again_build_nothing() -> None:
     assert all(a is not b for a, b in zip(first, second, strict=True))
     assert all(a.tags is not b.tags and a.refs is not b.refs
                for a, b in zip(first, second, strict=True))
+    assert second[-1].tags["args"] is not first[-1].tags["args"]  # (new all the way down)
+    assert second[-1].refs[1] is not first[-1].refs[1]
     fields_set = [set(n.model_fields_set) for n in first]
     assert [n.model_fields_set for n in second] == fields_set
     # what a caller does to what it got never reaches the next decode
     for got in (first, second):
-        got[0].tags["k"] = 1
-        got[0].refs.append(1)
-        got[0].text = "changed"
-        got[0].__pydantic_fields_set__.add("x")
+        for note in (got[0], got[-1]):
+            note.tags["k"] = 1
+            note.refs.append(1)
+            note.text = "changed"
+            note.__pydantic_fields_set__.add("x")
+        got[-1].tags["args"]["q"].append(2)
+        got[-1].refs[1].append(2)
     third = codec.decode(data, types=reg)
     assert third == notes and len(BUILT) == 50
     assert [n.model_fields_set for n in third] == fields_set
@@ -85,7 +92,7 @@ def test_the_same_bytes_decoded_again_build_nothing() -> None:
 
 def test_only_what_a_copy_rebuilds_exactly_is_kept() -> None:
     reg = codec.TypeRegistry([Stamped, Loaded])
-    data = codec.encode([Loaded(text="a", tags={"k": [1]})], types=reg)
+    data = codec.encode([Loaded(text="a", tags={"k": (1, 2)})], types=reg)
     BUILT.clear()
     one, two = codec.decode(data, types=reg), codec.decode(data, types=reg)
     assert len(BUILT) == 2 and one == two and one[0].tags is not two[0].tags
@@ -101,7 +108,7 @@ def test_a_name_registered_to_another_class_is_not_copied() -> None:
     class Other(pydantic.BaseModel):
         text: str
         tags: dict[str, Any] = {}
-        refs: list[int] = []
+        refs: list[Any] = []
         seen: int | None = None
 
     reg = codec.TypeRegistry([Note])
@@ -128,7 +135,11 @@ def test_a_saver_reads_an_unchanged_state_without_building_a_message(
         monkeypatch.setattr(cls, "__init__", counted)
 
     def model(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [AIMessage(content="ok " * 40, id=f"ai-{len(state['messages'])}")]}
+        n = len(state["messages"])
+        return {"messages": [AIMessage(  # (as a chat model's: tool calls, metadata, usage)
+            content="ok " * 40, id=f"ai-{n}", response_metadata={"model_name": "m", "n": n},
+            tool_calls=[{"name": "search", "args": {"q": "x", "k": [n]}, "id": f"c-{n}"}],
+            usage_metadata={"input_tokens": n, "output_tokens": 3, "total_tokens": n + 3})]}
 
     url = f"memory://rebuilt-{uuid.uuid4().hex[:8]}"
     saver = CasSaver.from_url(url)

@@ -12,8 +12,11 @@ Rules, so that a copy is what a decode would have given:
   registry that maps that name to the very class, with an equal entry;
 * kept only for a pydantic model rebuilt by its class from its stored dict, whose attributes
   are exactly that dict (nothing a default factory made, nothing a validator changed), each
-  an immutable scalar or an empty dict or list, with no extra fields or private attributes
-  holding anything: a copy shares only immutable values, and gets new empty containers;
+  an immutable scalar or plain data (dicts and lists of exactly str, bytes, int, float, bool,
+  None: what msgpack gives back exactly, e.g. a message's ``tool_calls`` and
+  ``response_metadata``), with no extra fields or private attributes holding anything: a copy
+  shares only immutable values, and gets new containers (a container unpacked from its
+  msgpack bytes, kept with the object: in C, as deep as the data);
 * the object kept is never handed out (a miss returns the object built, and keeps a copy),
   so nothing a caller does to what it got changes what the next decode gives.
 
@@ -28,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 KEPT = 1 << 15  # entries per generation
 KEPT_BYTES = 8 << 20  # key bytes per generation
 MAX_KEY = 16 << 10  # a payload longer than this is not kept
@@ -38,17 +43,19 @@ _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 @dataclass(frozen=True, slots=True)
 class Kept:
     """An object rebuilt from a payload (``obj``, never handed out), its class and registry
-    entry, and the attributes that are an empty dict or list (new ones in each copy)."""
+    entry, and its attributes that are containers (new ones in each copy): the empty dicts,
+    the empty lists, and the others' msgpack bytes."""
 
     cls: type
     entry: Any
     obj: Any
     dicts: tuple[str, ...]
     lists: tuple[str, ...]
+    plain: tuple[tuple[str, bytes], ...]
     copy: Callable[[Any], Any]
 
     def copy_out(self) -> Any:
-        return _copy(self.copy, self.obj, self.dicts, self.lists)
+        return _copy(self.copy, self.obj, self.dicts, self.lists, self.plain)
 
 
 class Rebuilt:
@@ -91,24 +98,29 @@ class Rebuilt:
                 or not _empty(getattr(obj, "__pydantic_extra__", None))
                 or not _empty(getattr(obj, "__pydantic_private__", None))):
             return
-        dicts, lists = [], []
-        for key, value in attrs.items():
-            kind = type(value)
-            if kind in _SCALARS:
-                continue
-            if kind is dict and not value:
-                dicts.append(key)
-            elif kind is list and not value:
-                lists.append(key)
-            else:
-                return
+        dicts, lists, plain = [], [], []
         try:
+            for key, value in attrs.items():
+                kind = type(value)
+                if kind in _SCALARS:
+                    continue
+                if kind is dict and not value:
+                    dicts.append(key)
+                elif kind is list and not value:
+                    lists.append(key)
+                elif kind is dict or kind is list:
+                    blob = _plain(value)
+                    if blob is None:
+                        return
+                    plain.append((key, blob))
+                else:
+                    return
             if attrs != state:  # (a validator changed a value: not the data's own object)
                 return
         except Exception:  # (a value whose __eq__ raised)
             return
-        kept = (tuple(dicts), tuple(lists))  # (a copy is kept: ``obj`` goes to the caller)
-        self._put(data, Kept(cls, entry, _copy(copier, obj, *kept), *kept, copier))
+        parts = (tuple(dicts), tuple(lists), tuple(plain))  # (a copy is kept: ``obj`` is the
+        self._put(data, Kept(cls, entry, _copy(copier, obj, *parts), *parts, copier))  # caller's)
         self.kept += 1
 
     def clear(self) -> None:
@@ -117,15 +129,32 @@ class Rebuilt:
 
 
 def _copy(copier: Callable[[Any], Any], obj: Any, dicts: tuple[str, ...],
-          lists: tuple[str, ...]) -> Any:
-    """``copier(obj)`` with new empty containers for the attributes ``dicts`` and ``lists``."""
+          lists: tuple[str, ...], plain: tuple[tuple[str, bytes], ...]) -> Any:
+    """``copier(obj)`` with new containers: empty for the attributes ``dicts`` and ``lists``,
+    unpacked from their bytes for those of ``plain``."""
     new = copier(obj)
     attrs = new.__dict__
     for key in dicts:
         attrs[key] = {}
     for key in lists:
         attrs[key] = []
+    for key, blob in plain:
+        attrs[key] = msgpack.unpackb(blob, strict_map_key=False)
     return new
+
+
+def _plain(value: Any) -> bytes | None:
+    """The msgpack bytes of ``value`` when unpacking them gives it back exactly (dicts and lists
+    of exactly str, bytes, int, float, bool and None: ``strict_types`` refuses a subclass and
+    a tuple, and the comparison anything else that would not come back as it was), else
+    None."""
+    try:
+        blob: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True)
+        if len(blob) > MAX_KEY or msgpack.unpackb(blob, strict_map_key=False) != value:
+            return None
+    except Exception:  # (a type msgpack does not store, an int too big, a cycle, ...)
+        return None
+    return blob
 
 
 def _empty(value: Any) -> bool:
