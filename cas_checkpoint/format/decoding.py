@@ -49,7 +49,7 @@ from cas_checkpoint.format.extypes import (
     _render,
 )
 from cas_checkpoint.format.placeholders import counted_span_fields, span_fields
-from cas_checkpoint.format.rebuilt import REBUILT
+from cas_checkpoint.format.rebuilt import REBUILT, Kept
 
 
 def _accelerator() -> Callable[..., Any] | None:
@@ -142,9 +142,10 @@ class _Decoder:
 
     def ext_hook(self, code: int, data: bytes) -> Any:
         self.exts += 1
-        if code == _OBJECT and self.objects is None:
-            kept = REBUILT.get(data) if type(data) is bytes else None
-            if kept is not None and self.depth < MAX_EXT_DEPTH:  # (``unpack``'s own check)
+        kept = None
+        if code == _OBJECT and self.objects is None and type(data) is bytes:
+            kept = REBUILT.get(data)
+            if type(kept) is Kept and self.depth < MAX_EXT_DEPTH:  # (``unpack``'s own check)
                 reg = self.reg  # the same class under that name, registered alike: a copy
                 entry = reg._by_class.get(kept.cls)
                 if reg._by_name.get(kept.entry.name) is kept.cls and (
@@ -153,7 +154,7 @@ class _Decoder:
         if not 0 < code < len(_EXT_NAMES) or not _EXT_NAMES[code]:
             raise FormatError(f"unknown extension type {code}; {_CORRUPT}")
         try:
-            if code != _OBJECT or self.objects is not None:
+            if code != _OBJECT or self.objects is not None or type(data) is not bytes:
                 return self.build(code, data if code in _RAW_CODES else self.unpack(data))
             exts = self.exts
             payload = self.unpack(data)
@@ -163,7 +164,10 @@ class _Decoder:
         except Exception as exc:
             raise FormatError(f"invalid {_EXT_NAMES[code]}: {_problem(exc)}; {_CORRUPT}") from None
         if self.exts == exts:  # (nothing nested: a copy is what decoding it at any depth gives)
-            self.keep(data, payload[0], payload[1], obj)
+            if kept is None:  # (the first time: noted only, see ``rebuilt``)
+                REBUILT.saw(data)
+            else:
+                self.keep(data, payload[0], payload[1], obj)
         return obj
 
     def keep(self, data: bytes, name: str, state: Any, obj: Any) -> None:

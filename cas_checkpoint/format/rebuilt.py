@@ -18,7 +18,10 @@ Rules, so that a copy is what a decode would have given:
   shares only immutable values, and gets new containers (a container unpacked from its
   msgpack bytes, kept with the object: in C, as deep as the data);
 * the object kept is never handed out (a miss returns the object built, and keeps a copy),
-  so nothing a caller does to what it got changes what the next decode gives.
+  so nothing a caller does to what it got changes what the next decode gives;
+* kept the second time its bytes are decoded (the first only notes them: ~0.1 us, not the
+  ~5 us that checking and copying an object costs), so a read of states this process never
+  read before costs what it did, and one read again is copies.
 
 Bounded: two generations of at most ``KEPT`` entries and ``KEPT_BYTES`` key bytes each;
 a key found in the older one moves to the newer one, the older one is dropped when the newer
@@ -58,18 +61,22 @@ class Kept:
         return _copy(self.copy, self.obj, self.dicts, self.lists, self.plain)
 
 
+SEEN: Any = object()  # a payload decoded once (its object is kept the next time)
+
+
 class Rebuilt:
     """The kept objects by payload (see the module docs); safe to use from several threads."""
 
     def __init__(self, kept: int = KEPT, kept_bytes: int = KEPT_BYTES) -> None:
         self.limit, self.limit_bytes = kept, kept_bytes
         self._lock = threading.Lock()
-        self._new: dict[bytes, Kept] = {}
-        self._old: dict[bytes, Kept] = {}
+        self._new: dict[bytes, Any] = {}  # payload -> its Kept, or SEEN
+        self._old: dict[bytes, Any] = {}
         self._bytes = 0
         self.kept = 0  # objects kept (a counter)
 
-    def get(self, data: bytes) -> Kept | None:
+    def get(self, data: bytes) -> Any:
+        """The Kept of ``data``; SEEN when it was decoded once; else None."""
         got = self._new.get(data)
         if got is None:
             got = self._old.get(data)
@@ -77,9 +84,21 @@ class Rebuilt:
                 self._put(data, got)
         return got
 
-    def _put(self, data: bytes, kept: Kept) -> None:
+    def saw(self, data: bytes) -> None:
+        """``data`` was decoded (the first time): keep its object the next time. (Without the
+        lock: a note lost to a race with another thread's ``_put`` costs a later build.)"""
+        size, new = len(data), self._new
+        if size > MAX_KEY:
+            return
+        if len(new) >= self.limit or self._bytes + size > self.limit_bytes:
+            self._put(data, SEEN)
+            return
+        new[data] = SEEN
+        self._bytes += size
+
+    def _put(self, data: bytes, kept: Any) -> None:
         with self._lock:
-            if data in self._new:
+            if self._new.get(data) is kept:
                 return
             if len(self._new) >= self.limit or self._bytes + len(data) > self.limit_bytes:
                 self._old, self._new, self._bytes = self._new, {}, 0
@@ -91,7 +110,9 @@ class Rebuilt:
         ``data``), when a copy of it is what rebuilding it again would give."""
         if type(data) is not bytes or len(data) > MAX_KEY or type(obj) is not cls:
             return
-        copier = _model_copy(cls)
+        copier = _COPIERS.get(cls, SEEN)
+        if copier is SEEN:
+            copier = _COPIERS[cls] = _model_copy(cls)
         attrs = getattr(obj, "__dict__", None)
         if (copier is None or type(attrs) is not dict or type(state) is not dict
                 or attrs.keys() != state.keys()
@@ -174,4 +195,5 @@ def _model_copy(cls: type) -> Callable[[Any], Any] | None:
     return base.__copy__  # type: ignore[no-any-return]
 
 
+_COPIERS: dict[type, Any] = {}  # (a class's copier, or None: classes do not go away)
 REBUILT = Rebuilt()  # the process's (a payload's object is the same whatever store holds it)
