@@ -175,8 +175,7 @@ class _Decoder:
         ``rebuilt``)."""
         cls = self.reg._by_name.get(name)
         entry = None if cls is None else self.reg._by_class.get(cls)
-        if (entry is not None and entry.kind == _MODEL and entry.from_data is None
-                and not getattr(cls, "__pydantic_root_model__", False)):
+        if entry is not None and entry.kind == _MODEL and entry.from_data is None:
             REBUILT.keep(data, cast(type, cls), entry, obj, state)
 
     def build(self, code: int, data: Any) -> Any:

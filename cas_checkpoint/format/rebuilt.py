@@ -4,7 +4,7 @@ those bytes again copies the object instead of building it again. Pure code.
 A LangGraph state's messages are decoded at every read of the thread (each ``get_tuple``, each
 new saver): 400 messages at 200 turns, each one a class's ``__init__`` and pydantic's
 validation (~4 us each). The same bytes always rebuild an equal object, so the second time
-a copy does (pydantic's own ``__copy__``, ~1 us).
+a copy does (what pydantic's ``__copy__`` makes, with new containers: ~1 us).
 
 Rules, so that a copy is what a decode would have given:
 
@@ -15,13 +15,16 @@ Rules, so that a copy is what a decode would have given:
   an immutable scalar or plain data (dicts and lists of exactly str, bytes, int, float, bool,
   None: what msgpack gives back exactly, e.g. a message's ``tool_calls`` and
   ``response_metadata``), with no extra fields or private attributes holding anything: a copy
-  shares only immutable values, and gets new containers (a container unpacked from its
-  msgpack bytes, kept with the object: in C, as deep as the data);
-* the object kept is never handed out (a miss returns the object built, and keeps a copy),
-  so nothing a caller does to what it got changes what the next decode gives;
-* kept the second time its bytes are decoded (the first only notes them: ~0.1 us, not the
-  ~5 us that checking and copying an object costs), so a read of states this process never
-  read before costs what it did, and one read again is copies.
+  shares only immutable values, and gets new containers, unpacked from their msgpack bytes
+  kept with the object (in C, as deep as the data). msgpack's ``strict_types`` packs exactly
+  those types and refuses any other (a subclass, a tuple, an object), and they unpack as
+  they were;
+* what is kept is never handed out (its attributes, fields set, and which of extra and
+  private are an empty dict), so nothing a caller does to what it got changes what the next
+  decode gives;
+* kept the second time its bytes are decoded (the first only notes them: ~0.5 us a message,
+  not the ~3 us that checking and keeping one costs), so a read of states this process never
+  read costs about what it did, and from the third read of the same bytes on, copies.
 
 Bounded: two generations of at most ``KEPT`` entries and ``KEPT_BYTES`` key bytes each;
 a key found in the older one moves to the newer one, the older one is dropped when the newer
@@ -29,9 +32,8 @@ one is full. Forgetting costs building the object again, never correctness."""
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -43,22 +45,42 @@ MAX_KEY = 16 << 10  # a payload longer than this is not kept
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """An object rebuilt from a payload (``obj``, never handed out), its class and registry
-    entry, and its attributes that are containers (new ones in each copy): the empty dicts,
-    the empty lists, and the others' msgpack bytes."""
+_new = object.__new__
+_set = object.__setattr__
 
-    cls: type
-    entry: Any
-    obj: Any
-    dicts: tuple[str, ...]
-    lists: tuple[str, ...]
-    plain: tuple[tuple[str, bytes], ...]
-    copy: Callable[[Any], Any]
+
+class Kept:
+    """What an object rebuilt from a payload holds (never handed out): its class and registry
+    entry, its attributes (``attrs``; those that are containers are None there, and new in
+    each copy: unpacked from ``containers``, their msgpack bytes), its fields set, and whether
+    its extra fields and private attributes are an empty dict (else None)."""
+
+    __slots__ = ("attrs", "cls", "containers", "dicts", "entry", "extra", "fields_set", "lists",
+                 "private")
+
+    def __init__(self, cls: type, entry: Any, attrs: dict[str, Any], containers: bytes | None,
+                 fields_set: frozenset[str], extra: bool, private: bool,
+                 dicts: tuple[str, ...], lists: tuple[str, ...]) -> None:
+        self.cls, self.entry, self.attrs, self.containers = cls, entry, attrs, containers
+        self.fields_set, self.extra, self.private = fields_set, extra, private
+        self.dicts, self.lists = dicts, lists  # (the empty ones: literals are quicker)
 
     def copy_out(self) -> Any:
-        return _copy(self.copy, self.obj, self.dicts, self.lists, self.plain)
+        """A new object in the state of the one rebuilt: what pydantic's ``__copy__`` makes
+        (its four slots set), with new containers."""
+        attrs = self.attrs.copy()
+        for key in self.dicts:
+            attrs[key] = {}
+        for key in self.lists:
+            attrs[key] = []
+        if self.containers is not None:
+            attrs.update(msgpack.unpackb(self.containers, strict_map_key=False))
+        new: Any = _new(self.cls)
+        _set(new, "__dict__", attrs)
+        _set(new, "__pydantic_fields_set__", set(self.fields_set))
+        _set(new, "__pydantic_extra__", {} if self.extra else None)
+        _set(new, "__pydantic_private__", {} if self.private else None)
+        return new
 
 
 SEEN: Any = object()  # a payload decoded once (its object is kept the next time)
@@ -85,63 +107,52 @@ class Rebuilt:
         return got
 
     def saw(self, data: bytes) -> None:
-        """``data`` was decoded (the first time): keep its object the next time. (Without the
-        lock: a note lost to a race with another thread's ``_put`` costs a later build.)"""
-        size, new = len(data), self._new
-        if size > MAX_KEY:
-            return
-        if len(new) >= self.limit or self._bytes + size > self.limit_bytes:
+        """``data`` was decoded (the first time): keep its object the next time."""
+        if len(data) <= MAX_KEY:
             self._put(data, SEEN)
-            return
-        new[data] = SEEN
-        self._bytes += size
 
     def _put(self, data: bytes, kept: Any) -> None:
-        with self._lock:
-            if self._new.get(data) is kept:
-                return
-            if len(self._new) >= self.limit or self._bytes + len(data) > self.limit_bytes:
-                self._old, self._new, self._bytes = self._new, {}, 0
-            self._new[data] = kept
-            self._bytes += len(data)
+        """(The newer generation replaced under the lock; an entry put without it: one lost
+        to a race costs a later build.)"""
+        size = len(data)
+        if len(self._new) >= self.limit or self._bytes + size > self.limit_bytes:
+            with self._lock:
+                if len(self._new) >= self.limit or self._bytes + size > self.limit_bytes:
+                    self._old, self._new, self._bytes = self._new, {}, 0
+        self._new[data] = kept
+        self._bytes += size
 
     def keep(self, data: bytes, cls: type, entry: Any, obj: Any, state: Any) -> None:
-        """Keep a copy of ``obj``, which ``cls`` built from ``state`` (the dict stored in
+        """Keep the state of ``obj``, which ``cls`` built from ``state`` (the dict stored in
         ``data``), when a copy of it is what rebuilding it again would give."""
         if type(data) is not bytes or len(data) > MAX_KEY or type(obj) is not cls:
             return
-        copier = _COPIERS.get(cls, SEEN)
-        if copier is SEEN:
-            copier = _COPIERS[cls] = _model_copy(cls)
-        attrs = getattr(obj, "__dict__", None)
-        if (copier is None or type(attrs) is not dict or type(state) is not dict
-                or attrs.keys() != state.keys()
-                or not _empty(getattr(obj, "__pydantic_extra__", None))
-                or not _empty(getattr(obj, "__pydantic_private__", None))):
+        copyable = _COPYABLE.get(cls)
+        if copyable is None:
+            copyable = _COPYABLE[cls] = _copyable(cls)
+        if not copyable:
             return
-        dicts, lists, plain = [], [], []
         try:
-            for key, value in attrs.items():
-                kind = type(value)
-                if kind in _SCALARS:
-                    continue
-                if kind is dict and not value:
-                    dicts.append(key)
-                elif kind is list and not value:
-                    lists.append(key)
-                elif kind is dict or kind is list:
-                    blob = _plain(value)
-                    if blob is None:
-                        return
-                    plain.append((key, blob))
-                else:
-                    return
-            if attrs != state:  # (a validator changed a value: not the data's own object)
-                return
-        except Exception:  # (a value whose __eq__ raised)
+            model: Any = obj  # (a pydantic model: ``_copyable``)
+            attrs, extra = model.__dict__, model.__pydantic_extra__
+            private, fields_set = model.__pydantic_private__, model.__pydantic_fields_set__
+            if (type(attrs) is not dict or type(fields_set) is not set or not _empty(extra)
+                    or not _empty(private) or type(state) is not dict or attrs != state):
+                return  # (``attrs != state``: a default or a validator made a value)
+            containers = {k: v for k, v in attrs.items() if type(v) not in _SCALARS}
+            dicts = tuple(k for k, v in containers.items() if type(v) is dict and not v)
+            lists = tuple(k for k, v in containers.items() if type(v) is list and not v)
+            full = {k: v for k, v in containers.items() if k not in dicts and k not in lists}
+            blob = None if not full else msgpack.packb(
+                full, use_bin_type=True, strict_types=True)  # (raises for anything else
+        except Exception:  # than plain data; an attribute missing; an __eq__ that raised)
             return
-        parts = (tuple(dicts), tuple(lists), tuple(plain))  # (a copy is kept: ``obj`` is the
-        self._put(data, Kept(cls, entry, _copy(copier, obj, *parts), *parts, copier))  # caller's)
+        if blob is not None and len(blob) > MAX_KEY:
+            return
+        template = attrs.copy()  # (nothing of ``obj``'s that a caller may change: it is theirs)
+        template.update(dict.fromkeys(containers))
+        self._put(data, Kept(cls, entry, template, blob, frozenset(fields_set),
+                             extra is not None, private is not None, dicts, lists))
         self.kept += 1
 
     def clear(self) -> None:
@@ -149,51 +160,26 @@ class Rebuilt:
             self._new, self._old, self._bytes, self.kept = {}, {}, 0, 0
 
 
-def _copy(copier: Callable[[Any], Any], obj: Any, dicts: tuple[str, ...],
-          lists: tuple[str, ...], plain: tuple[tuple[str, bytes], ...]) -> Any:
-    """``copier(obj)`` with new containers: empty for the attributes ``dicts`` and ``lists``,
-    unpacked from their bytes for those of ``plain``."""
-    new = copier(obj)
-    attrs = new.__dict__
-    for key in dicts:
-        attrs[key] = {}
-    for key in lists:
-        attrs[key] = []
-    for key, blob in plain:
-        attrs[key] = msgpack.unpackb(blob, strict_map_key=False)
-    return new
-
-
-def _plain(value: Any) -> bytes | None:
-    """The msgpack bytes of ``value`` when unpacking them gives it back exactly (dicts and lists
-    of exactly str, bytes, int, float, bool and None: ``strict_types`` refuses a subclass and
-    a tuple, and the comparison anything else that would not come back as it was), else
-    None."""
-    try:
-        blob: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True)
-        if len(blob) > MAX_KEY or msgpack.unpackb(blob, strict_map_key=False) != value:
-            return None
-    except Exception:  # (a type msgpack does not store, an int too big, a cycle, ...)
-        return None
-    return blob
-
-
 def _empty(value: Any) -> bool:
     return value is None or (type(value) is dict and not value)
 
 
-def _model_copy(cls: type) -> Callable[[Any], Any] | None:
-    """pydantic's ``BaseModel.__copy__`` (a shallow copy of a model's state: its attributes,
-    extra fields, fields set and private attributes), not an override of it; None for a
-    class that is not a pydantic model."""
-    import sys
+_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
 
+
+def _copyable(cls: type) -> bool:
+    """Whether ``cls`` is a pydantic model whose objects are ``object.__new__`` and the four
+    slots of ``BaseModel`` (what its ``__copy__`` sets; no slots of its own): not a root
+    model, whose data is not a dict of its attributes."""
     pydantic = sys.modules.get("pydantic")  # (a model class implies pydantic is imported)
     base = None if pydantic is None else getattr(pydantic, "BaseModel", None)
-    if base is None or not issubclass(cls, base):
-        return None
-    return base.__copy__  # type: ignore[no-any-return]
+    if (base is None or not isinstance(cls, type) or not issubclass(cls, base)
+            or getattr(base, "__slots__", None) != _SLOTS
+            or getattr(cls, "__new__", None) is not _new
+            or getattr(cls, "__pydantic_root_model__", False)):
+        return False
+    return all(not k.__dict__.get("__slots__") for k in cls.__mro__ if k is not base)
 
 
-_COPIERS: dict[type, Any] = {}  # (a class's copier, or None: classes do not go away)
+_COPYABLE: dict[type, bool] = {}  # (per class: classes do not go away)
 REBUILT = Rebuilt()  # the process's (a payload's object is the same whatever store holds it)
