@@ -38,7 +38,8 @@ from typing import Any
 
 import msgpack
 
-KEPT = 1 << 15  # entries per generation
+KEPT = 1 << 14  # entries per generation (a kept message holds ~1 KB with its key: ~32 MB at
+# most for both generations, a 200-turn agent thread being 400 entries)
 KEPT_BYTES = 8 << 20  # key bytes per generation
 MAX_KEY = 16 << 10  # a payload longer than this is not kept
 
@@ -151,7 +152,9 @@ class Rebuilt:
             return
         template = attrs.copy()  # (nothing of ``obj``'s that a caller may change: it is theirs)
         template.update(dict.fromkeys(containers))
-        self._put(data, Kept(cls, entry, template, blob, frozenset(fields_set),
+        names = frozenset(fields_set)  # (one object for the objects of one shape)
+        names = _FIELDS.setdefault(names, names) if len(_FIELDS) < KEPT else names
+        self._put(data, Kept(cls, entry, template, blob, names,
                              extra is not None, private is not None, dicts, lists))
         self.kept += 1
 
@@ -181,5 +184,6 @@ def _copyable(cls: type) -> bool:
     return all(not k.__dict__.get("__slots__") for k in cls.__mro__ if k is not base)
 
 
+_FIELDS: dict[frozenset[str], frozenset[str]] = {}  # fields sets seen (a few shapes)
 _COPYABLE: dict[type, bool] = {}  # (per class: classes do not go away)
 REBUILT = Rebuilt()  # the process's (a payload's object is the same whatever store holds it)
