@@ -49,6 +49,7 @@ from cas_checkpoint.format.extypes import (
     _render,
 )
 from cas_checkpoint.format.placeholders import counted_span_fields, span_fields
+from cas_checkpoint.format.rebuilt import REBUILT, Kept
 
 
 def _accelerator() -> Callable[..., Any] | None:
@@ -113,13 +114,13 @@ def _tz_from(state: Any) -> _dt.tzinfo | None:
 
 
 class _Decoder:
-    __slots__ = ("depth", "objects", "reg", "resolve", "span")
+    __slots__ = ("depth", "exts", "objects", "reg", "resolve", "span")
 
     def __init__(self, reg: TypeRegistry, resolve: Callable[[int], Any] | None,
                  span: Callable[..., Any] | None = None,
                  objects: Callable[[str, Any], Any] | None = None) -> None:
         self.reg, self.resolve, self.span, self.depth = reg, resolve, span, 0
-        self.objects = objects
+        self.objects, self.exts = objects, 0
 
     def unpack(self, data: bytes) -> Any:
         if self.depth >= MAX_EXT_DEPTH:
@@ -140,14 +141,42 @@ class _Decoder:
             self.depth -= 1
 
     def ext_hook(self, code: int, data: bytes) -> Any:
+        self.exts += 1
+        kept = None
+        if code == _OBJECT and self.objects is None and type(data) is bytes:
+            kept = REBUILT.get(data)
+            if type(kept) is Kept and self.depth < MAX_EXT_DEPTH:  # (``unpack``'s own check)
+                reg = self.reg  # the same class under that name, registered alike: a copy
+                entry = reg._by_class.get(kept.cls)
+                if reg._by_name.get(kept.entry.name) is kept.cls and (
+                        entry is kept.entry or entry == kept.entry):
+                    return kept.copy_out()
         if not 0 < code < len(_EXT_NAMES) or not _EXT_NAMES[code]:
             raise FormatError(f"unknown extension type {code}; {_CORRUPT}")
         try:
-            return self.build(code, data if code in _RAW_CODES else self.unpack(data))
+            if code != _OBJECT or self.objects is not None or type(data) is not bytes:
+                return self.build(code, data if code in _RAW_CODES else self.unpack(data))
+            exts = self.exts
+            payload = self.unpack(data)
+            obj = self.build(code, payload)
         except (FormatError, _ResolveFailed):
             raise
         except Exception as exc:
             raise FormatError(f"invalid {_EXT_NAMES[code]}: {_problem(exc)}; {_CORRUPT}") from None
+        if self.exts == exts:  # (nothing nested: a copy is what decoding it at any depth gives)
+            if kept is None:  # (the first time: noted only, see ``rebuilt``)
+                REBUILT.saw(data)
+            else:
+                self.keep(data, payload[0], payload[1], obj)
+        return obj
+
+    def keep(self, data: bytes, name: str, state: Any, obj: Any) -> None:
+        """Keep a copy of ``obj``, a pydantic model that its class built from ``state`` (see
+        ``rebuilt``)."""
+        cls = self.reg._by_name.get(name)
+        entry = None if cls is None else self.reg._by_class.get(cls)
+        if entry is not None and entry.kind == _MODEL and entry.from_data is None:
+            REBUILT.keep(data, cast(type, cls), entry, obj, state)
 
     def build(self, code: int, data: Any) -> Any:
         if code == _OBJECT:  # first: the most frequent (a LangGraph state's messages)
