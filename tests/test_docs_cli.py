@@ -1,5 +1,5 @@
 """Every ``cas-checkpoint ...`` command line of the README and the docs (in code blocks or
-inline code) names a subcommand that exists and only flags that subcommand takes: a page
+inline code) names a subcommand that exists and only options (``--flag``, ``-n``) that subcommand takes: a page
 cannot go on teaching a command or a ``--flag`` after it was renamed or dropped."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def problems(lines: list[tuple[str, list[str]]]) -> list[str]:
         options = subs[first]._option_string_actions
         for word in words[1:]:
             flag = word.split("=")[0].strip("'\"(),.")
-            if flag.startswith("--") and flag not in options:
+            if re.fullmatch(r"--?[a-zA-Z][\w-]*", flag) and flag not in options:
                 found.append(f"{page}: {line}: {first} takes no {flag}")
     return found
 
@@ -60,9 +60,11 @@ def test_every_command_and_flag_on_the_pages_exists() -> None:
 
 def test_a_dropped_command_or_flag_is_found() -> None:
     assert problems([("x.md", ["gc", "STORE", "--grace", "1h"]),
+                     ("x.md", ["log", "STORE", "T", "-n", "2", "-m", "-2"]),
                      ("x.md", ["gc", "STORE", "--no-such-flag"]),
                      ("x.md", ["no-such-command", "STORE"]),
                      ("x.md", ["--no-such-option"])]) == [
+        "x.md: cas-checkpoint log STORE T -n 2 -m -2: log takes no -m",
         "x.md: cas-checkpoint gc STORE --no-such-flag: gc takes no --no-such-flag",
         "x.md: cas-checkpoint no-such-command STORE: no command 'no-such-command'",
         "x.md: cas-checkpoint --no-such-option: no option --no-such-option"]
