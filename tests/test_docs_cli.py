@@ -1,6 +1,7 @@
 """Every ``cas-checkpoint ...`` command line of the README and the docs (in code blocks or
-inline code) names a subcommand that exists and only options (``--flag``, ``-n``) that subcommand takes: a page
-cannot go on teaching a command or a ``--flag`` after it was renamed or dropped."""
+inline code) names a subcommand that exists and only options (``--flag``, ``-n``) that
+subcommand takes: a page cannot go on teaching a command or an option after it was renamed or
+dropped."""
 
 from __future__ import annotations
 
