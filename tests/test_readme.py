@@ -71,3 +71,13 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     assert any("cas-checkpoint demo" in b for b in bash)
     for tool in ("ruff check cas_checkpoint", "mypy", "mkdocs build --strict"):
         assert tool in ci and tool in README.read_text()
+
+
+def test_the_install_section_names_every_extra() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    install = README.read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    missing = set(extras) - set(re.findall(r"`([a-z0-9-]+)`", install))
+    assert not missing, f"README's Install section does not name the extras {sorted(missing)}"
