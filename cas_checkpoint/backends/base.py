@@ -219,8 +219,9 @@ class Backend(ABC):
         return 0
 
     # --- the async face: the same primitives, awaited. By default each call runs the sync
-    # method on a small thread pool of this backend's own (local disk has no portable async
-    # I/O); memory:// answers inline and S3 is natively async (see their classes).
+    # method on the process's thread pool for this backend's device (``_threads``: local disk
+    # has no portable async I/O); memory:// answers inline and S3 is natively async (see
+    # their classes).
 
     async_threads = 8
     # Capability: the async face is the sync one on ``run_blocking``'s pool (local disk), so a
