@@ -46,16 +46,18 @@ DeltaChannel table (also alone with ``--delta-only``): the same loop with ``mess
 saver object.
 
 Many-conversations table (only with ``--many``; ``--steps 50`` gives issue 29's 102-message
-threads): a server's one store object loading threads it has not read yet. 24 threads are
-written into CasSaver (local disk, memory://), SqliteSaver and InMemorySaver; then, in each of
-3 rounds, a new saver object per saver (a new connection for SQLite) reads one thread and then
-``get_tuple`` of each other thread once, the savers taking turns call by call: the median and
-p90 wall time and the median CPU time (``time.thread_time``: the machine's other work moves it
-less) of those calls, beside SqliteSaver's. Target (issue 29): CasSaver local disk <= 1.5x
-SqliteSaver's. The threads were written by this process, whose store objects share what they
-read and wrote (``process_caches.py``); the row "local disk, threads this process never read"
-reads a copy of the folder made for each round (nothing of it read or written here before:
-as a server reads what other workers or an earlier run of it wrote).
+threads): a server's one store object loading threads it has not read yet. 24 threads, each its
+own messages (its thread id in every message's content and id: real conversations share no
+message, so what one thread decoded cannot serve another), are written into CasSaver (local
+disk, memory://), SqliteSaver and InMemorySaver; then, in each of 3 rounds, a new saver object
+per saver (a new connection for SQLite) reads one thread and then ``get_tuple`` of each other
+thread once, the savers taking turns call by call: the median and p90 wall time and the median
+CPU time (``time.thread_time``: the machine's other work moves it less) of those calls, beside
+SqliteSaver's. Target (issue 29): CasSaver local disk <= 1.5x SqliteSaver's. The threads were
+written by this process, whose store objects share what they read and wrote
+(``process_caches.py``); the row "local disk, threads this process never read" reads a copy of
+a folder written for each round with messages of its own (nothing of it read or written here
+before: as a server reads what other workers or an earlier run of it wrote).
 
 Saves table (only with ``--saves``): the saves alone. The loop's ``put`` and ``put_writes``
 calls are recorded once (from an ``InMemorySaver``, each argument kept as LangGraph handed it:
@@ -126,22 +128,26 @@ class DeltaMessagesState(TypedDict):
     messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer)]
 
 
-def build_graph(steps: int, checkpointer: Any, delta: bool = False) -> Any:
+def build_graph(steps: int, checkpointer: Any, delta: bool = False, tag: str = "") -> Any:
+    """The tool loop; ``tag`` starts every message's content and id (and each tool call's id),
+    so threads built with different tags share no message (real conversations differ)."""
+
     def model(state: Any) -> dict[str, Any]:  # (the graph's schema is the input)
         done = sum(1 for m in state["messages"] if isinstance(m, ToolMessage))
         if done >= steps:
-            return {"messages": [AIMessage(content=text(10_000_000), id="ai-final")]}
-        call = {"name": "search", "args": {"query": f"q{done}"}, "id": f"call-{done:05d}",
+            return {"messages": [AIMessage(content=tag + text(10_000_000),
+                                           id=f"{tag}ai-final")]}
+        call = {"name": "search", "args": {"query": f"q{done}"}, "id": f"{tag}call-{done:05d}",
                 "type": "tool_call"}
-        return {"messages": [AIMessage(content=text(2 * done), tool_calls=[call],
-                                       id=f"ai-{done:05d}")]}
+        return {"messages": [AIMessage(content=tag + text(2 * done), tool_calls=[call],
+                                       id=f"{tag}ai-{done:05d}")]}
 
     def tool(state: Any) -> dict[str, Any]:
         last = state["messages"][-1]
         call = last.tool_calls[0]  # type: ignore[union-attr]
-        i = int(str(call["id"]).split("-")[1])
-        return {"messages": [ToolMessage(content=text(2 * i + 1), tool_call_id=call["id"],
-                                         name="search", id=f"tool-{i:05d}")]}
+        i = int(str(call["id"]).rsplit("-", 1)[1])
+        return {"messages": [ToolMessage(content=tag + text(2 * i + 1), tool_call_id=call["id"],
+                                         name="search", id=f"{tag}tool-{i:05d}")]}
 
     def route(state: Any) -> str:
         return "tool" if getattr(state["messages"][-1], "tool_calls", None) else END
@@ -441,18 +447,26 @@ def many_rows(steps: int, threads: int = MANY_THREADS) -> list[ManyRow]:
     }
     memory_saver = InMemorySaver()
     cold = "CasSaver local disk, threads this process never read"
+
+    def write(saver: Any, prefix: str = "") -> None:
+        for k in range(threads):  # each thread's messages its own (its tag in each one)
+            tag = f"{prefix}c{k} "
+            build_graph(steps, saver, tag=tag).invoke(
+                {"messages": [HumanMessage(content=tag + text(-1), id=f"{tag}human-0")]},
+                {"configurable": {"thread_id": f"c{k}"}, "recursion_limit": 2 * steps + 20})
+
     for name, make in [*makers.items(), ("", lambda: memory_saver)]:
-        if name == cold:
-            continue  # (copied from the local store's folder, each round)
-        graph = build_graph(steps, make())
-        for k in range(threads):
-            graph.invoke({"messages": [HumanMessage(content=text(-1), id="human-0")]},
-                         {"configurable": {"thread_id": f"c{k}"},
-                          "recursion_limit": 2 * steps + 20})
+        if name != cold:  # (the never-read row's store: written for each round, below)
+            write(make())
     makers["InMemorySaver (its dicts)"] = lambda: memory_saver
     rows = {name: ManyRow(name, 2 * steps + 2) for name in makers}
     for r in range(MANY_ROUNDS):
-        copies.append(shutil.copytree(local, os.path.join(tmp, f"copy-{r}")))
+        # messages no other row or round holds (the process-wide memo of decoded messages,
+        # format/rebuilt.py, is keyed by their bytes), read from a copy of the folder (the
+        # process's caches know the folder written, not the copy)
+        written = os.path.join(tmp, f"never-{r}")
+        write(CasSaver.from_url(written), prefix=f"r{r}")
+        copies.append(shutil.copytree(written, os.path.join(tmp, f"copy-{r}")))
         savers = {name: make() for name, make in makers.items()}
         for saver in savers.values():
             saver.get_tuple({"configurable": {"thread_id": "c0", "checkpoint_ns": ""}})
