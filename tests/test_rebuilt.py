@@ -167,3 +167,85 @@ def test_a_saver_reads_an_unchanged_state_without_building_a_message(
     for got in (again, new):
         other = got.checkpoint["channel_values"]["messages"]
         assert other == msgs and all(a is not b for a, b in zip(msgs, other, strict=True))
+
+
+POSTED: list[str] = []
+
+
+class Posted(pydantic.BaseModel):  # building acts on the built object: never copied
+    text: str
+
+    def model_post_init(self, context: Any) -> None:
+        POSTED.append(self.text)
+
+
+class Checked(pydantic.BaseModel):  # an after-validator: never copied
+    text: str
+
+    @pydantic.model_validator(mode="after")
+    def _seen(self) -> Checked:
+        POSTED.append(self.text)
+        return self
+
+
+@pytest.mark.parametrize("cls", [Posted, Checked])
+def test_a_class_whose_building_acts_on_the_object_is_built_every_time(cls: Any) -> None:
+    reg = codec.TypeRegistry([cls])
+    want = [cls(text="a"), cls(text="b")]
+    data = codec.encode(want, types=reg)
+    POSTED.clear()
+    for _ in range(4):
+        assert codec.decode(data, types=reg) == want
+    assert POSTED == ["a", "b"] * 4
+    assert REBUILT.kept == 0
+
+
+def test_langchain_messages_of_every_kind_decode_alike_and_apart() -> None:
+    """Every message kind a state holds, with the parts a chat model fills: the 1st to 4th
+    decode give equal objects (type, fields set), and what a caller does to one never
+    reaches the next."""
+    from langchain_core.messages import (
+        AIMessageChunk,
+        ChatMessage,
+        RemoveMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+
+    msgs = [
+        SystemMessage(content="be brief", id="s"),
+        HumanMessage(content=[{"type": "text", "text": "hi"}, {"type": "image_url",
+                                                                "image_url": {"url": "x"}}],
+                     name="ann", id="h"),
+        AIMessage(content="", id="a", tool_calls=[{"name": "f", "args": {"q": [1, {"k": None}]},
+                                                   "id": "c1", "type": "tool_call"}],
+                  invalid_tool_calls=[{"name": "g", "args": "{oops", "id": "c2", "error": "bad",
+                                       "type": "invalid_tool_call"}],
+                  usage_metadata={"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+                  response_metadata={"model": "m", "nested": {"list": [1, 2.5, "x"]}}),
+        ToolMessage(content="42", tool_call_id="c1", artifact={"rows": [[1, 2]]}, id="t"),
+        ChatMessage(content="x", role="critic", id="c"),
+        AIMessageChunk(content="part", id="k"),
+        RemoveMessage(id="gone"),
+    ]
+    from cas_checkpoint.integrations.langgraph.registry import default_types
+
+    reg = default_types()
+    data = codec.encode(msgs, types=reg)
+    first = codec.decode(data, types=reg)
+    assert first == msgs
+    for _ in range(3):
+        got = codec.decode(data, types=reg)
+        assert got == msgs
+        assert [type(m) for m in got] == [type(m) for m in msgs]
+        assert [m.model_fields_set for m in got] == [m.model_fields_set for m in first]
+        got[1].content[0]["text"] = "changed"  # type: ignore[index]
+        got[2].tool_calls[0]["args"]["q"][1]["k"] = "changed"  # type: ignore[attr-defined]
+        got[2].response_metadata["nested"]["list"].append("changed")
+        got[2].usage_metadata["input_tokens"] = -1  # type: ignore[attr-defined,index]
+        got[3].artifact["rows"][0].append("changed")  # type: ignore[attr-defined]
+        got[4].role = "changed"  # type: ignore[attr-defined]
+        got[0].__dict__["content"] = "changed"
+        got[0].model_fields_set.add("name")
+    assert codec.decode(data, types=reg) == msgs
+    assert REBUILT.kept > 0  # (the memo was in use: these are its copies)

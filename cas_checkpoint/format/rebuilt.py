@@ -173,13 +173,24 @@ _SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydant
 def _copyable(cls: type) -> bool:
     """Whether ``cls`` is a pydantic model whose objects are ``object.__new__`` and the four
     slots of ``BaseModel`` (what its ``__copy__`` sets; no slots of its own): not a root
-    model, whose data is not a dict of its attributes."""
+    model, whose data is not a dict of its attributes; and none whose building acts on the
+    built object (``model_post_init``, a validator in mode ``after`` or ``wrap``), which a
+    copy would skip. (A ``before`` or ``plain`` validator acts on the input: the object it
+    made is checked against the stored data, ``keep``'s ``attrs != state``.)"""
     pydantic = sys.modules.get("pydantic")  # (a model class implies pydantic is imported)
     base = None if pydantic is None else getattr(pydantic, "BaseModel", None)
     if (base is None or not isinstance(cls, type) or not issubclass(cls, base)
             or getattr(base, "__slots__", None) != _SLOTS
             or getattr(cls, "__new__", None) is not _new
-            or getattr(cls, "__pydantic_root_model__", False)):
+            or getattr(cls, "__pydantic_root_model__", False)
+            or getattr(cls, "__pydantic_post_init__", None) is not None):
+        return False
+    try:
+        found = cls.__pydantic_decorators__  # type: ignore[attr-defined]
+        validators = [*found.model_validators.values(), *found.field_validators.values()]
+        if any(v.info.mode in ("after", "wrap") for v in validators):
+            return False
+    except AttributeError:  # (a pydantic without these: do not keep)
         return False
     return all(not k.__dict__.get("__slots__") for k in cls.__mro__ if k is not base)
 
