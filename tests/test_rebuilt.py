@@ -167,34 +167,3 @@ def test_a_saver_reads_an_unchanged_state_without_building_a_message(
     for got in (again, new):
         other = got.checkpoint["channel_values"]["messages"]
         assert other == msgs and all(a is not b for a, b in zip(msgs, other, strict=True))
-
-
-POSTED: list[str] = []
-
-
-class Posted(pydantic.BaseModel):  # building acts on the built object: never copied
-    text: str
-
-    def model_post_init(self, context: Any) -> None:
-        POSTED.append(self.text)
-
-
-class Checked(pydantic.BaseModel):  # an after-validator: never copied
-    text: str
-
-    @pydantic.model_validator(mode="after")
-    def _seen(self) -> Checked:
-        POSTED.append(self.text)
-        return self
-
-
-@pytest.mark.parametrize("cls", [Posted, Checked])
-def test_a_class_whose_building_acts_on_the_object_is_built_every_time(cls: Any) -> None:
-    reg = codec.TypeRegistry([cls])
-    want = [cls(text="a"), cls(text="b")]
-    data = codec.encode(want, types=reg)
-    POSTED.clear()
-    for _ in range(4):
-        assert codec.decode(data, types=reg) == want
-    assert POSTED == ["a", "b"] * 4
-    assert REBUILT.kept == 0
