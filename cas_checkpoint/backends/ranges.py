@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import builtins
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncGenerator, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class _Split:
             first, last = page[0][0].key, page[0][-1].key
         self._start(self._walk(after, None, 0, got))
 
-    async def pages_from(self, first: builtins.list[ObjectInfo]) -> AsyncIterator[
+    async def pages_from(self, first: builtins.list[ObjectInfo]) -> AsyncGenerator[
             builtins.list[ObjectInfo]]:
         self.space = KeySpace(self.folder + "/", (i.key for i in first))
         self._start(self._probe(first[0].key, first[-1].key))  # it starts the ranges
@@ -227,6 +227,9 @@ async def alist_split(backend: Backend, prefix: str, *, parts: int | None = None
         yield first
     if not more or not first:
         return
-    async for page in _Split(backend, folder, PARTS if parts is None else parts,
-                             size).pages_from(first):
-        yield page
+    split = _Split(backend, folder, PARTS if parts is None else parts, size).pages_from(first)
+    try:
+        async for page in split:
+            yield page
+    finally:  # (closed now, not when the loop's finalizer gets to it: the ranges still
+        await split.aclose()  # listing are cancelled before a caller's aclose returns)
