@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import pytest
+
 import cas_checkpoint
 from cas_checkpoint import CheckpointStore, errors
 
@@ -50,15 +52,19 @@ def test_every_public_import_path_exports_exactly_its_names() -> None:
     assert cas_checkpoint.AsyncCheckpointStore is AsyncCheckpointStore
 
 
-def test_the_command_runs_as_a_module() -> None:
-    """``python -m cas_checkpoint.cli``, as the ``cas-checkpoint`` script does (a subprocess:
-    what users run)."""
+@pytest.mark.parametrize("module", ["cas_checkpoint.cli", "cas_checkpoint"])
+def test_the_command_runs_as_a_module(module: str) -> None:
+    """``python -m cas_checkpoint`` (and ``.cli``) run the ``cas-checkpoint`` command, with its
+    exit status (a subprocess: what users run)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "cas_checkpoint.cli", "--help"],
+    out = subprocess.run([sys.executable, "-m", module, "--help"],
                          capture_output=True, text=True, check=True)
-    assert "usage:" in out.stdout
+    assert out.stdout.startswith("usage: cas-checkpoint")
+    bad = subprocess.run([sys.executable, "-m", module, "no-such-command"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no-such-command" in bad.stderr
 
 
 def test_exports() -> None:
