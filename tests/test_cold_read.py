@@ -150,3 +150,37 @@ def test_threads_reading_packs_at_once_each_get_their_own_bytes(tmp_path: Any) -
         for th in threads:
             th.join()
         assert not errors, errors
+
+
+def test_a_cold_load_reads_each_pack_header_and_each_id_prefix_once(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold load parses the header of each pack it reads once (when it reads the pack: a
+    body decompressed into a scratch buffer later is found where that parse said), and the id
+    prefix of each object it looks up once, not once for every pack it looks in. Old code:
+    18 header parses for the 7 packs (a body decompressed later, into a scratch buffer or
+    whole, parsed it again, once a tree level for a scratch body), and 226 prefixes parsed
+    for the 44 objects taken."""
+    path = str(tmp_path / "s")
+    _chat(path)
+    process_caches.clear()
+    headers: list[int] = []
+    prefixes: list[str] = []
+    real_header = packfile._header
+
+    def header(data: Any) -> Any:
+        headers.append(len(data))
+        return real_header(data)
+
+    def parse(text: str, base: int = 10) -> int:  # (the module's calls of int(), counted)
+        prefixes.append(text)
+        return int(text, base)
+
+    monkeypatch.setattr(packfile, "_header", header)
+    monkeypatch.setattr(packfile, "int", parse, raising=False)
+    store = CheckpointStore.open(path)
+    assert store.load("t").state["step"] == 119
+    packs = [p for p in store._core.objects.cache.packs.values()]
+    taken = sum(len(p.verified) for p in packs)
+    assert any(p.index.size >= packfile.SCRATCH_MIN for p in packs)  # (scratch bodies too)
+    assert len(headers) == len(packs), (len(headers), len(packs))
+    assert 0 < len(prefixes) <= taken, (len(prefixes), taken)
