@@ -15,6 +15,7 @@ from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine import process_caches, staging
 from cas_checkpoint.engine.object_store import Pack, pack_key
 from cas_checkpoint.errors import IntegrityError
+from cas_checkpoint.format import ids
 from cas_checkpoint.format import pack as packfile
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import Record, object_id
@@ -222,3 +223,27 @@ def test_a_heads_log_entries_are_checked_without_a_call_a_field(tmp_path: Any) -
     # an entry: LogEntry.unpack, _check_fields, _too_deep and its __init__; a peak: its
     # __init__; a pack: _pack_ref and its __init__; the head's own few (here 70 in all)
     assert calls <= 4 * len(head.tail) + len(head.peaks) + 2 * len(head.packs) + 20, calls
+
+
+def test_a_heads_inline_objects_are_hashed_in_one_pass(tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inline objects of a head read for the first time are named (hashed) in one pass
+    over a reused hasher, not one hashing call each. Old code: one ``object_id`` call per
+    inline object."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    for i in range(30):
+        store.save("t", {"i": i, "note": f"note {i}"})
+    ref = store.refs.read("t")
+    assert ref is not None
+    head = Head.decode(ref.head.encode())  # (new bytes objects: none hashed before)
+    assert len(head.inline) >= 10
+    singles: list[int] = []
+    batches: list[int] = []
+    real_one, real_many = ids.object_id, ids.object_ids
+    monkeypatch.setattr(ids, "object_id", lambda d: singles.append(1) or real_one(d))
+    monkeypatch.setattr(ids, "object_ids", lambda ds: batches.append(len(ds)) or real_many(ds))
+    view = store.objects.view(head)
+    got = view.inline
+    assert sorted(got) == sorted(real_one(d) for d in head.inline)
+    assert singles == [] and batches == [len(head.inline)], (len(singles), batches)
+    assert view.inline is got

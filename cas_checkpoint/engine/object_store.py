@@ -31,11 +31,11 @@ from cas_checkpoint.errors import (
 )
 from cas_checkpoint.format import sealing
 from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.ids import inline_ids
 from cas_checkpoint.format.objects import (
     ObjectId,
     Record,
     decode_node,
-    inline_id,
 )
 from cas_checkpoint.format.pack import (
     ZSTD,
@@ -91,7 +91,8 @@ class View:
         the newest entries) names none."""
         got = self._inline
         if got is None:
-            got = self._inline = {inline_id(data): data for data in self.head.inline}
+            inline = self.head.inline  # (hashed in one pass, those not hashed before)
+            got = self._inline = dict(zip(inline_ids(inline), inline, strict=True))
         return got
 
     def whole(self) -> View:
