@@ -5,6 +5,7 @@ the process keeps about the bytes of the state, not every body it looked into.""
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -14,7 +15,9 @@ from cas_checkpoint import CheckpointStore
 from cas_checkpoint.engine import process_caches, staging
 from cas_checkpoint.engine.object_store import Pack, pack_key
 from cas_checkpoint.errors import IntegrityError
+from cas_checkpoint.format import ids
 from cas_checkpoint.format import pack as packfile
+from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import Record, object_id
 from cas_checkpoint.format.pack import Zstd
 from tests._hostile import plant_lying_pack
@@ -150,3 +153,97 @@ def test_threads_reading_packs_at_once_each_get_their_own_bytes(tmp_path: Any) -
         for th in threads:
             th.join()
         assert not errors, errors
+
+
+def test_a_cold_load_reads_each_pack_header_and_each_id_prefix_once(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold load parses the header of each pack it reads once (when it reads the pack: a
+    body decompressed into a scratch buffer later is found where that parse said), and the id
+    prefix of each object it looks up once, not once for every pack it looks in. Old code:
+    18 header parses for the 7 packs (a body decompressed later, into a scratch buffer or
+    whole, parsed it again, once a tree level for a scratch body), and 226 prefixes parsed
+    for the 44 objects taken."""
+    path = str(tmp_path / "s")
+    _chat(path)
+    process_caches.clear()
+    headers: list[int] = []
+    prefixes: list[str] = []
+    real_header = packfile._header
+
+    def header(data: Any) -> Any:
+        headers.append(len(data))
+        return real_header(data)
+
+    def parse(text: str, base: int = 10) -> int:  # (the module's calls of int(), counted)
+        prefixes.append(text)
+        return int(text, base)
+
+    monkeypatch.setattr(packfile, "_header", header)
+    monkeypatch.setattr(packfile, "int", parse, raising=False)
+    store = CheckpointStore.open(path)
+    assert store.load("t").state["step"] == 119
+    packs = [p for p in store._core.objects.cache.packs.values()]
+    taken = sum(len(p.verified) for p in packs)
+    assert any(p.index.size >= packfile.SCRATCH_MIN for p in packs)  # (scratch bodies too)
+    assert len(headers) == len(packs), (len(headers), len(packs))
+    assert 0 < len(prefixes) <= taken, (len(prefixes), taken)
+
+
+def _calls(fn: Any) -> int:
+    """Python functions called while ``fn()`` runs (generator expressions included)."""
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls - 1  # (fn itself)
+
+
+def test_a_heads_log_entries_are_checked_without_a_call_a_field(tmp_path: Any) -> None:
+    """A cold read decodes the thread's head: its log tail's entries are checked field by
+    field inline (decoded msgpack gives exact types), an entry without status, kind or
+    reason, a peak's and a pack's counts and the inline objects need no call of their own.
+    Old code: 196 calls for this head of 8 entries, 12 peaks, 4 packs and 25 inline objects
+    (each metadata key, count and inline object went through a generator or a function)."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    for i in range(200):
+        store.save("t", {"i": i}, metadata={"step": i, "source": "loop", "parents": {}})
+    ref = store.refs.read("t")
+    assert ref is not None
+    data = ref.head.encode()
+    head = Head.decode(data)
+    assert len(head.tail) >= 8 and len(head.peaks) >= 3
+    calls = _calls(lambda: Head.decode(data))
+    # an entry: LogEntry.unpack, _check_fields, _too_deep and its __init__; a peak: its
+    # __init__; a pack: _pack_ref and its __init__; the head's own few (here 70 in all)
+    assert calls <= 4 * len(head.tail) + len(head.peaks) + 2 * len(head.packs) + 20, calls
+
+
+def test_a_heads_inline_objects_are_hashed_in_one_pass(tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inline objects of a head read for the first time are named (hashed) in one pass
+    over a reused hasher, not one hashing call each. Old code: one ``object_id`` call per
+    inline object."""
+    store = CheckpointStore.open(str(tmp_path / "s"))
+    for i in range(30):
+        store.save("t", {"i": i, "note": f"note {i}"})
+    ref = store.refs.read("t")
+    assert ref is not None
+    head = Head.decode(ref.head.encode())  # (new bytes objects: none hashed before)
+    assert len(head.inline) >= 10
+    singles: list[int] = []
+    batches: list[int] = []
+    real_one, real_many = ids.object_id, ids.object_ids
+    monkeypatch.setattr(ids, "object_id", lambda d: singles.append(1) or real_one(d))
+    monkeypatch.setattr(ids, "object_ids", lambda ds: batches.append(len(ds)) or real_many(ds))
+    view = store.objects.view(head)
+    got = view.inline
+    assert sorted(got) == sorted(real_one(d) for d in head.inline)
+    assert singles == [] and batches == [len(head.inline)], (len(singles), batches)
+    assert view.inline is got

@@ -31,11 +31,11 @@ from cas_checkpoint.errors import (
 )
 from cas_checkpoint.format import sealing
 from cas_checkpoint.format.heads import Head
+from cas_checkpoint.format.ids import inline_ids
 from cas_checkpoint.format.objects import (
     ObjectId,
     Record,
     decode_node,
-    inline_id,
 )
 from cas_checkpoint.format.pack import (
     ZSTD,
@@ -43,6 +43,7 @@ from cas_checkpoint.format.pack import (
     Zstd,
     open_pack,
     pack_index,
+    pack_prefix,
 )
 
 _Id = TypeVar("_Id", bound=str)  # an id, or an ObjectId
@@ -90,7 +91,8 @@ class View:
         the newest entries) names none."""
         got = self._inline
         if got is None:
-            got = self._inline = {inline_id(data): data for data in self.head.inline}
+            inline = self.head.inline  # (hashed in one pass, those not hashed before)
+            got = self._inline = dict(zip(inline_ids(inline), inline, strict=True))
         return got
 
     def whole(self) -> View:
@@ -109,9 +111,10 @@ class View:
         if data is not None:
             return data
         mismatch: PrefixMismatch | None = None
+        prefix = pack_prefix(oid) if self.packs else None  # (once, not once a pack)
         for pack in self.packs:
             try:
-                got = pack.get_view(oid)
+                got = pack.get_view(oid, prefix)
             except PrefixMismatch as exc:
                 mismatch = exc
                 continue
@@ -166,10 +169,11 @@ class View:
                 else:
                     out[oid] = data
             todo = rest
-        for pack in self.packs:
-            if not todo:
+        prefixes = {oid: pack_prefix(oid) for oid in todo} if len(self.packs) > 1 else None
+        for pack in self.packs:  # (each oid's prefix parsed once, not once a pack it is
+            if not todo:  # looked up in)
                 break
-            todo = pack.take_views(todo, out)
+            todo = pack.take_views(todo, out, prefixes)
         for oid in todo:
             out[oid] = self.get_view(oid)
         return out

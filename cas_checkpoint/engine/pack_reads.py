@@ -4,6 +4,7 @@ and caches packs; this module is what one of them is)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cas_checkpoint.engine.pack_folders import PREFIX
@@ -13,6 +14,7 @@ from cas_checkpoint.format.objects import ObjectId, object_id, object_ids
 from cas_checkpoint.format.pack import (
     ZSTD,
     PackIndex,
+    open_indexed,
     open_pack,
     pack_index,
     pack_prefix,
@@ -74,8 +76,8 @@ class Pack:
                 got = self._data
                 assert got is not None
                 return got
-            try:
-                got = open_pack(stored)[0]
+            try:  # (its index was read from these bytes: the header is not read again)
+                got = open_indexed(stored, self.index)
             except FormatError as exc:
                 raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
             self._data = got
@@ -92,7 +94,7 @@ class Pack:
         if stored is None or self._data is not None:
             return None
         try:
-            got = scratch_body(stored)
+            got = scratch_body(stored, self.index)
         except FormatError as exc:
             raise FormatError(f"pack {pack_key(self.id)}: {exc}") from None
         if got is None:
@@ -131,10 +133,11 @@ class Pack:
         got = self.get_view(oid)
         return None if got is None else bytes(got)
 
-    def get_view(self, oid: str) -> memoryview | None:
+    def get_view(self, oid: str, prefix: int | None = None) -> memoryview | None:
         """``get`` without copying the object out of the pack (a read-only view of the pack's
-        bytes, which it keeps alive)."""
-        locations = self.index.get(pack_prefix(oid))
+        bytes, which it keeps alive); ``prefix``: ``pack_prefix(oid)``, when the caller has
+        it."""
+        locations = self.index.get(pack_prefix(oid) if prefix is None else prefix)
         if locations is None:
             return None
         taken = self.taken
@@ -158,10 +161,12 @@ class Pack:
         # (then the wanted one is elsewhere), or a pack that lies. The caller decides.
         raise PrefixMismatch(IntegrityError(oid, actual, f"{pack_key(self.id)} (object {oid})"))
 
-    def take_views(self, oids: list[str], out: dict[str, bytes | memoryview]) -> list[str]:
+    def take_views(self, oids: list[str], out: dict[str, bytes | memoryview],
+                   prefixes: Mapping[str, int] | None = None) -> list[str]:
         """``get_view`` of a batch: each of ``oids`` that this pack holds, hashed against its
         id (unless hashed before), goes into ``out``; returns the others (not here, a prefix
-        that several objects share, or bytes of another id: ``get_view`` says which)."""
+        that several objects share, or bytes of another id: ``get_view`` says which).
+        ``prefixes``: each oid's ``pack_prefix`` (``PackIndex.find``)."""
         taken = self.taken
         if taken:  # (copied out by an earlier read, and hashed)
             rest = []
@@ -174,7 +179,7 @@ class Pack:
             if not rest:
                 return rest
             oids = rest
-        ids, starts, ends, other = self.index.find(oids)
+        ids, starts, ends, other = self.index.find(oids, prefixes)
         if not ids:
             return other
         verified = self.verified

@@ -172,10 +172,10 @@ class Head:
         if not isinstance(lineage, bytes) or len(lineage) > 32:
             raise _bad("head lineage must be at most 32 bytes")
         out = []
-        for p in peaks:
-            if (not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], bytes)
-                    or len(p[0]) != 32 or not _count(p[1]) or not _count(p[2])
-                    or not p[1] < 64):
+        for p in peaks:  # (decoded msgpack: type() tests are isinstance's, without bool)
+            if (type(p) is not list or len(p) != 3 or type(p[0]) is not bytes
+                    or len(p[0]) != 32 or type(p[1]) is not int or not 0 <= p[1] < 64
+                    or type(p[2]) is not int or not 0 <= p[2] < 1 << 62):
                 raise _bad("head peak must be [32-byte id, level, count]")
             out.append(Peak(ObjectId(p[0].hex()), p[1], p[2]))
         refs = [_pack_ref(p) for p in packs]
@@ -183,7 +183,7 @@ class Head:
         held = raw.get("x", [])
         if not isinstance(held, list) or len(held) > MAX_HELD or not all(map(_id32, held)):
             raise _bad(f"head held packs must be a list of at most {MAX_HELD} 32-byte ids")
-        if not all(isinstance(o, bytes) for o in inline):
+        if set(map(type, inline)) - {bytes}:
             raise _bad("head inline objects must be byte strings")
         return Head(
             thread,
@@ -222,15 +222,13 @@ def packs_of(data: bytes, path: str = "ref") -> tuple[PackRef, ...]:
 
 
 def _pack_ref(p: object) -> PackRef:
-    if (not isinstance(p, list) or len(p) != 4 or not isinstance(p[0], bytes)
-            or len(p[0]) != 32 or not all(_count(v) for v in p[1:]) or not p[1] < 64):
+    if (type(p) is not list or len(p) != 4 or type(p[0]) is not bytes or len(p[0]) != 32
+            or type(p[1]) is not int or not 0 <= p[1] < 64  # (decoded msgpack: type() is
+            or type(p[2]) is not int or not 0 <= p[2] < 1 << 62  # isinstance without bool)
+            or type(p[3]) is not int or not 0 <= p[3] < 1 << 62):
         raise _bad("head pack must be [32-byte id, level, size, count]")
     return PackRef(ObjectId(p[0].hex()), p[1], p[2], p[3])
 
 
 def _id32(v: object) -> bool:
     return isinstance(v, bytes) and len(v) == 32
-
-
-def _count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62

@@ -65,6 +65,24 @@ def inline_id(data: bytes) -> ObjectId:
     return oid
 
 
+def inline_ids(datas: Sequence[bytes]) -> list[ObjectId]:
+    """``inline_id`` of each of ``datas``: those not remembered hashed in one pass
+    (``object_ids``: a head read for the first time names a few dozen small objects), then
+    remembered."""
+    got = [_SEEN.get(id(d)) for d in datas]
+    out = [None if g is None or g[0] is not d else g[1] for g, d in zip(got, datas, strict=True)]
+    todo = [i for i, oid in enumerate(out) if oid is None]
+    if todo:
+        for i, oid in zip(todo, object_ids([datas[i] for i in todo]), strict=True):
+            out[i] = oid
+            data = datas[i]
+            if type(data) is bytes and len(data) <= 64 * 1024:
+                if len(_SEEN) >= SEEN_MAX:
+                    _SEEN.clear()
+                _SEEN[id(data)] = (data, oid)
+    return cast(list[ObjectId], out)
+
+
 def hashed(data: bytes, oid: ObjectId) -> None:
     """Tell ``inline_id`` that ``data`` hashes to ``oid``: the caller has just hashed these
     very bytes (a save's root node, which its record checks)."""

@@ -202,13 +202,13 @@ class LogEntry:
     @staticmethod
     def unpack(raw: object, prev: CheckpointId | None = None) -> LogEntry:
         """Inverse of ``pack(prev)``: ``nil`` parents stand for ``(prev,)``."""
-        if not isinstance(raw, list) or not 8 <= len(raw) <= 11:
+        if type(raw) is not list or not 8 <= len(raw) <= 11:
             raise _bad("log entry must be an 8-item list (up to 11 with status, kind, reason)")
         cid, parents, step, created, size, label, tags, meta = raw[:8]
-        if not isinstance(cid, bytes) or len(cid) != 32:
+        if type(cid) is not bytes or len(cid) != 32:
             raise _bad("log entry id must be 32 bytes")
         _check_fields(step, created, size, label, tags, meta)
-        status, kind, reason = _check_annotations(raw[8:])
+        status, kind, reason = _check_annotations(raw[8:]) if len(raw) > 8 else _UNANNOTATED
         if parents is None:
             if prev is None:
                 raise _bad("the first log entry of a segment or head names its parent by "
@@ -290,9 +290,14 @@ def _annotated(x: LogEntry | Record) -> list[Any]:
     return out
 
 
+_UNANNOTATED = (None, None, None)
+
+
 def _check_annotations(raw: list[Any]) -> tuple[str | None, str | None, str | None]:
     """The optional trailing items of an entry or record, checked (nothing else goes past)."""
-    if raw and raw[-1] is None:
+    if not raw:  # (most entries: none set)
+        return _UNANNOTATED
+    if raw[-1] is None:
         raise _bad("a trailing status/kind/reason item is nil (it is left out when unset)")
     status, kind, reason = [*raw, None, None, None][:3]
     if status is not None and status not in STATUSES:
@@ -310,23 +315,29 @@ MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime ca
 
 def _check_fields(step: object, created: object, size: object, label: object, tags: object,
                   meta: object) -> None:
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+    # (decoded msgpack only: its ints, floats, strs, lists and dicts are those exact types, so
+    # a type() test is isinstance's without bool; one test a field, every entry of a head)
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise _bad(f"step must be an int in [0, {MAX_STEP}]")
-    if (not isinstance(created, (int, float)) or isinstance(created, bool)
+    if (type(created) is not float and type(created) is not int
             or not 0 <= created <= MAX_TIME):  # also refuses nan and inf
         raise _bad("created_at must be a time between 1970 and 9999, in seconds")
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STEP:
+    if type(size) is not int or not 0 <= size <= MAX_STEP:
         raise _bad("size must be a non-negative int")
-    if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
+    if label is not None and (type(label) is not str or len(label) > MAX_LABEL):
         raise _bad(f"label must be a string of at most {MAX_LABEL} characters or nil")
-    if (not isinstance(tags, list) or len(tags) > MAX_TAGS
-            or not all(isinstance(t, str) and len(t) <= MAX_TAG for t in tags)):
+    if type(tags) is not list or tags and (len(tags) > MAX_TAGS or not all(
+            type(t) is str and len(t) <= MAX_TAG for t in tags)):
         raise _bad(f"tags must be a list of at most {MAX_TAGS} strings of at most {MAX_TAG} "
                    "characters")
-    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+    if type(meta) is not dict:
         raise _bad("metadata must be a map with string keys")
-    if meta and _too_deep(meta):
-        raise _bad(f"metadata must nest at most {MAX_META_DEPTH} levels of maps and lists")
+    if meta:
+        for key in meta:
+            if type(key) is not str:
+                raise _bad("metadata must be a map with string keys")
+        if _too_deep(meta):
+            raise _bad(f"metadata must nest at most {MAX_META_DEPTH} levels of maps and lists")
 
 
 def _too_deep(meta: dict[str, Any]) -> bool:

@@ -256,12 +256,17 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
             return self._dups[prefix]
         return [(self._ends[i], self._ends[i + 1])]
 
-    def find(self, oids: list[str]) -> tuple[list[str], list[int], list[int], list[str]]:
+    def find(self, oids: list[str], prefixes: Mapping[str, int] | None = None
+             ) -> tuple[list[str], list[int], list[int], list[str]]:
         """(the oids of ``oids`` whose id prefix names one object here, the start and the end
         of each, the other oids): a batch of lookups (an oid whose prefix several objects
-        share is among the others, for ``get`` to resolve)."""
+        share is among the others, for ``get`` to resolve). ``prefixes``: each oid's
+        ``pack_prefix``, when the caller parsed them once for every pack it asks."""
         at, ends = self._at, self._ends
-        where = [at.get(int(oid[:2 * PACK_PREFIX], 16), -1) for oid in oids]
+        if prefixes is None:
+            where = [at.get(int(oid[:2 * PACK_PREFIX], 16), -1) for oid in oids]
+        else:
+            where = [at.get(prefixes[oid], -1) for oid in oids]
         if -1 not in where:  # (the common case: every one is here, once)
             return oids, [ends[i] for i in where], [ends[i + 1] for i in where], []
         here = [i >= 0 for i in where]
@@ -291,6 +296,11 @@ class PackIndex(Mapping[int, list[tuple[int, int]]]):
     def size(self) -> int:
         """The plain bytes the objects span (where the last one ends)."""
         return self._ends[-1]
+
+    @property
+    def start(self) -> int:
+        """Where the body starts (the first object's offset: the header's length)."""
+        return self._ends[0]
 
     def spans(self) -> list[tuple[int, int]]:
         """(start, end) of every object, in the pack's order."""
@@ -330,6 +340,18 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
     (``PackIndex``). Checks the shape only: the caller re-hashes each object it takes out to
     find the one it wants."""
     view, body, prefixes, lengths, total = _header(data)
+    return _opened(view, body, total), PackIndex(
+        prefixes, list(itertools.accumulate(lengths, initial=body)))
+
+
+def open_indexed(data: bytes | memoryview, index: PackIndex) -> memoryview:
+    """``open_pack(data)[0]`` for a pack whose index ``pack_index`` read from these very
+    bytes (every check of the header made): the header is not read again."""
+    return _opened(memoryview(data), index.start, index.size - index.start)
+
+
+def _opened(view: memoryview, body: int, total: int) -> memoryview:
+    """The pack ``view`` with its body decompressed, if it was (``open_pack``)."""
     if view[5] & ZSTD:
         plain = bytearray(body + total)
         plain[:body] = view[:body]
@@ -338,7 +360,7 @@ def open_pack(data: bytes | memoryview) -> tuple[memoryview, PackIndex]:
         view = memoryview(plain).toreadonly()  # (nothing writes to it once it is filled)
     if body + total != len(view):
         raise _bad("pack index does not add up to the pack's length")
-    return view, PackIndex(prefixes, list(itertools.accumulate(lengths, initial=body)))
+    return view
 
 
 SCRATCH_MIN = 1 << 16  # a compressed body of this many plain bytes...
@@ -350,7 +372,8 @@ SCRATCH_BYTES = 1 << 21
 _SCRATCH = threading.local()  # this thread's [(stored pack, buffer, body size, body start)]
 
 
-def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
+def scratch_body(stored: bytes | memoryview, index: PackIndex | None = None
+                 ) -> tuple[memoryview, int] | None:
     """The decompressed body of the compressed pack ``stored`` (the very bytes object), and
     where the body starts in the plain pack (an index offset less that is an offset in the
     body), in one of this thread's scratch buffers; None for a pack that is not compressed or
@@ -360,7 +383,8 @@ def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
     takes, in memory fresh to the process each time). The view is valid until this thread's
     next call: the caller copies what it needs, then releases it. The bodies of the thread's
     last ``SCRATCH_KEPT`` packs stay decompressed: a read that takes a tree level at a time
-    decompresses each pack once."""
+    decompresses each pack once. ``index``: the pack's, as ``pack_index`` read it from these
+    very bytes (every check of the header made): the header is not read again."""
     kept: list[list[Any]] | None = getattr(_SCRATCH, "kept", None)
     if kept is None:
         kept = _SCRATCH.kept = []
@@ -369,7 +393,11 @@ def scratch_body(stored: bytes | memoryview) -> tuple[memoryview, int] | None:
             if i != len(kept) - 1:
                 kept.append(kept.pop(i))
             return memoryview(entry[1])[:entry[2]].toreadonly(), entry[3]
-    view, body, _, _, total = _header(stored)
+    if index is None:
+        view, body, _, _, total = _header(stored)
+    else:  # (where pack_index found the body, and its plain size, after its checks)
+        view, body = memoryview(stored), index.start
+        total = index.size - body
     if not view[5] & ZSTD or not SCRATCH_MIN <= total <= SCRATCH_MAX:
         return None
     spare = bytearray()  # (the biggest buffer let go of, for this body if it is big enough:
