@@ -111,7 +111,7 @@ class Head:
 
     @property
     def count(self) -> int:
-        return sum(p.count for p in self.peaks) + len(self.tail)
+        return sum([p.count for p in self.peaks]) + len(self.tail)
 
     def storage(self, base: Head) -> Head:
         """This head with the packs, inline objects, lineage, archive and held packs of
