@@ -254,3 +254,30 @@ def test_memory_hands_out_a_ref_as_written() -> None:
     assert again is not head and backend.write_ref("refs/heads/t", again, version) != version
     backend.put_many({"objects/x": head})
     assert backend.get_many(["objects/x"])["objects/x"] is head, "get_many copied the object"
+
+
+def test_the_sync_face_makes_no_checkpoint_info(monkeypatch: pytest.MonkeyPatch,
+                                                calls: list[tuple[str, tuple[Any, ...]]]
+                                                ) -> None:
+    """A put answers with its entry's id and a put_writes with nothing: their commit hands
+    back the parts' log entries, and no ``CheckpointInfo`` (a frozen 12-field record and a
+    datetime) is made for them (341e6b3: one a call)."""
+    from cas_checkpoint.engine import model
+
+    made = 0
+    on = False
+    real = model.CheckpointInfo.__init__
+
+    def counted(self: Any, *args: Any, **kw: Any) -> None:
+        nonlocal made
+        made += on
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(model.CheckpointInfo, "__init__", counted)
+    n = 0
+    for kind, saver, args in _steady(calls):
+        n += 1
+        on = True
+        getattr(saver, kind)(*args)
+        on = False
+    assert n >= 4 * STEPS and made == 0, (made, n)
