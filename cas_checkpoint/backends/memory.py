@@ -18,7 +18,12 @@ VERSION_BYTES = 64 * 1024  # a bigger ref is hashed each time
 
 
 class MemoryBackend(Backend):
-    """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit."""
+    """fsspec's ``memory://`` filesystem: shared by every store in this process, gone at exit.
+
+    A file's bytes are read with ``getvalue()``: a ``MemoryFile`` (a ``BytesIO``) made of a
+    bytes object hands out that very object, not a copy, until it is changed in place (then
+    a copy of what it holds now); so a ref's bytes, compared with the version remembered for
+    them, are mostly the same object, and a pack is not copied on each read."""
 
     exact_mtimes = atomic_delete = True
     _lock = threading.Lock()
@@ -56,7 +61,7 @@ class MemoryBackend(Backend):
         store = self.fs.store
         for key in keys:
             f = store.get(self._path(key))
-            out[key] = None if f is None else bytes(f.getbuffer())
+            out[key] = None if f is None else f.getvalue()
         return out
 
     def put_many(self, items: dict[str, bytes]) -> None:
@@ -92,7 +97,7 @@ class MemoryBackend(Backend):
             f = self.fs.store.get(path)
             if f is None:
                 return None
-            data = bytes(f.getbuffer())
+            data = f.getvalue()
             return data, self._version_of(path, data)
 
     def write_ref(self, key: str, data: bytes, expected: str | None,
@@ -100,7 +105,7 @@ class MemoryBackend(Backend):
         path = self._path(key)
         with self._lock:
             f = self.fs.store.get(path)
-            current = None if f is None else self._version_of(path, bytes(f.getbuffer()))
+            current = None if f is None else self._version_of(path, f.getvalue())
             if current != expected:
                 raise RefMismatch(key)
             data = bytes(data)
@@ -120,7 +125,7 @@ class MemoryBackend(Backend):
     def read_ref_unlocked(self, key: str) -> str | None:
         path = self._path(key)
         f = self.fs.store.get(path)
-        return None if f is None else self._version_of(path, bytes(f.getbuffer()))
+        return None if f is None else self._version_of(path, f.getvalue())
 
     def delete_ref(self, key: str, expected: str) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
+from itertools import repeat
 from typing import Any, Final
 
 import msgpack
@@ -121,10 +122,11 @@ def check_meta(label: object, tags: object, metadata: object) -> tuple[str | Non
         raise InvalidArgumentError(f"tags has {len(tags)} tags, more than {MAX_TAGS}: they are "
                                    "copied into the thread's log and head; keep a few short "
                                    "tags and put the rest in the state or metadata")
-    tags = tuple(check_text(tag, f"tags[{i}]", MAX_TAG) for i, tag in enumerate(tags))
+    if tags:
+        tags = tuple(check_text(tag, f"tags[{i}]", MAX_TAG) for i, tag in enumerate(tags))
     if metadata is None:
         metadata = {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+    if not isinstance(metadata, dict) or not all(map(isinstance, metadata, repeat(str))):
         raise InvalidArgumentError("metadata must be a dict with str keys")
     try:
         packed = msgpack.packb(metadata, strict_types=True)

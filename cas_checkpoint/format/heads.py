@@ -64,6 +64,25 @@ def _packed_ref(ref: PackRef) -> bytes:
     return got
 
 
+_PACKED_PEAKS: dict[int, tuple[tuple[Peak, ...], bytes]] = {}  # id(peaks) -> (them, bytes)
+
+
+def _packed_peaks(peaks: tuple[Peak, ...]) -> bytes:
+    """``msgpack.packb([[id, level, count], ...])`` of a head's peaks, remembered for the very
+    same tuple (kept alive with its bytes, so its identity is not reused; a tuple of frozen
+    peaks never changes): a commit carries its head's peaks over unchanged but when its log's
+    tail becomes a segment (one commit in 16)."""
+    got = _PACKED_PEAKS.get(id(peaks))
+    if got is not None and got[0] is peaks:
+        return got[1]
+    data: bytes = msgpack.packb([[_bin_id(p.id), p.level, p.count] for p in peaks],
+                                use_bin_type=True)
+    if len(_PACKED_PEAKS) >= PACKED_MAX:
+        _PACKED_PEAKS.clear()
+    _PACKED_PEAKS[id(peaks)] = (peaks, data)
+    return data
+
+
 MAX_HEAD_BYTES = 4 << 20  # a ref larger than this is refused before it is read whole
 MAX_HELD = 256  # packs a head marks as shared with another thread's ref (it names <= ~16)
 
@@ -92,7 +111,7 @@ class Head:
 
     @property
     def count(self) -> int:
-        return sum(p.count for p in self.peaks) + len(self.tail)
+        return sum([p.count for p in self.peaks]) + len(self.tail)
 
     def storage(self, base: Head) -> Head:
         """This head with the packs, inline objects, lineage, archive and held packs of
@@ -107,12 +126,11 @@ class Head:
     def encode(self) -> bytes:
         # The bytes of msgpack.packb({"t": ..., "h": ..., "s": ..., "p": ..., "e": ..., "k":
         # ..., "i": ..., "g": ...}), made of parts: a list's bytes are its header and then its
-        # items' bytes, so the log tail's entries and the pack list (which a save mostly
-        # carries over unchanged) are each packed once, not on every save.
+        # items' bytes, so the log tail's entries, the peaks and the pack list (which a save
+        # mostly carries over unchanged) are each packed once, not on every save.
         first: bytes = msgpack.packb(
             ["t", self.thread_id, "h", None if self.head is None else _bin_id(self.head),
-             "s", self.head_step, "p", [[_bin_id(p.id), p.level, p.count] for p in self.peaks]],
-            use_bin_type=True)
+             "s", self.head_step, "p"], use_bin_type=True)
         last: bytes = msgpack.packb(["i", list(self.inline), "g", self.lineage],
                                     use_bin_type=True)
         keys = 8  # (keys a and x only in a head that has them: archive.py, collect.py)
@@ -123,12 +141,12 @@ class Head:
             last += b"\xa1x" + msgpack.packb([_bin_id(p) for p in sorted(self.held)],
                                              use_bin_type=True)
             keys += 1
-        body = b"".join((bytes([0x80 + keys]), first[1:], b"\xa1e",
+        body = b"".join((bytes([0x80 + keys]), first[1:], _packed_peaks(self.peaks), b"\xa1e",
                          _packed_entries(self.tail), b"\xa1k",
                          _list_header(len(self.packs)), *map(_packed_ref, self.packs),
                          last[1:]))
         global _ENCODED
-        data = _HEADERS[HEAD] + blake3.blake3(body).digest() + body
+        data = b"".join((_HEADERS[HEAD], blake3.blake3(body).digest(), body))
         _ENCODED = (data, self.packs)
         return data
 

@@ -469,6 +469,9 @@ class Record:
 # --- ref log segments and heads ----------------------------------------------------------------
 
 
+_LEVEL0 = b"\x82\xa1v\x00\xa1e"  # a level-0 segment's map up to its entries
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """An immutable piece of a thread's log: level 0 holds entries, higher levels child ids."""
@@ -478,8 +481,9 @@ class Segment:
     children: tuple[ObjectId, ...] = ()
 
     def encode(self) -> bytes:
-        if self.level == 0:
-            return _pack(SEGMENT, {"v": 0, "e": _pack_entries(self.entries)})
+        if self.level == 0:  # msgpack.packb({"v": 0, "e": _pack_entries(entries)}), its
+            # entries' bytes those the head's tail already packed (``_packed_entries``)
+            return b"".join((_HEADERS[SEGMENT], _LEVEL0, _packed_entries(self.entries)))
         return _pack(SEGMENT, {"v": self.level, "c": [_bin_id(c) for c in self.children]})
 
     @staticmethod

@@ -193,7 +193,7 @@ class Nodes:
         children = tuple(spine + (loose[0] if loose else []))
         payload, _ = self.concat_payload(shape, children)
         return _Inline(payload, shape, children,
-                       tuple(self.lengths[c] for c in children))
+                       tuple(map(self.lengths.__getitem__, children)))
 
 
 def _closing(level: list[ObjectId], first: int, depth: int) -> list[bool]:

@@ -25,12 +25,16 @@ def _header(n: int, small: int, b16: int, b32: int) -> bytes:
     return bytes([b32]) + n.to_bytes(4, "big")
 
 
+_SMALL_ARRAYS = [bytes([0x90 | n]) for n in range(16)]  # (a save asks for ~11 headers,
+_SMALL_MAPS = [bytes([0x80 | n]) for n in range(16)]  # mostly of fewer than 16 items)
+
+
 def array_header(n: int) -> bytes:
-    return _header(n, 0x90, 0xDC, 0xDD)
+    return _SMALL_ARRAYS[n] if 0 <= n < 16 else _header(n, 0x90, 0xDC, 0xDD)
 
 
 def map_header(n: int) -> bytes:
-    return _header(n, 0x80, 0xDE, 0xDF)
+    return _SMALL_MAPS[n] if 0 <= n < 16 else _header(n, 0x80, 0xDE, 0xDF)
 
 
 def concat_lengths(oid: str, payload: memoryview | bytes, children: int

@@ -427,7 +427,7 @@ class PutEncoder:
 
     def _remember(self, key: tuple[str, str], values: dict[str, _Value], lg: Any) -> None:
         keep = {k: v for k, v in values.items() if len(v.data) <= BUDGET // 4}
-        entry = _Thread(keep, sum(len(v.data) for v in keep.values()), lg)
+        entry = _Thread(keep, sum([len(v.data) for v in keep.values()]), lg)
         with self._lock:
             old = self._threads.pop(key, None)
             if old is not None:

@@ -56,6 +56,7 @@ from cas_checkpoint.engine.commit import Part
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
 from cas_checkpoint.engine.steps import arun
+from cas_checkpoint.format.objects import LogEntry
 
 # Rounds of the event loop a group of pending writes alone waits for a put to join it before
 # it commits (see the module docs). In the agent benchmark's turn a step's put follows its
@@ -187,11 +188,11 @@ class _SyncCall:
 
     part: Part
     event: threading.Event | None = None
-    outcome: CheckpointInfo | BaseException | None = None
+    outcome: LogEntry | BaseException | None = None
     lead: bool = False
 
 
-Commit = Callable[[str, list[Part]], list[CheckpointInfo | Exception]]
+Commit = Callable[[str, list[Part]], list[LogEntry | Exception]]
 
 
 class SyncGroups:
@@ -222,8 +223,8 @@ class SyncGroups:
                 call.event = threading.Event()
         return call
 
-    def wait(self, name: str, call: _SyncCall, commit: Commit) -> CheckpointInfo:
-        """``call``'s ``CheckpointInfo`` once the commit holding it is durable, or its error;
+    def wait(self, name: str, call: _SyncCall, commit: Commit) -> LogEntry:
+        """``call``'s log entry once the commit holding it is durable, or its error;
         ``commit`` commits a store thread's parts together (``Core.commit``), when this caller
         leads. (The saver passes it with each call rather than this object keeping it: a bound
         method of the saver kept here made a reference cycle, so that a dropped saver, its
@@ -237,7 +238,7 @@ class SyncGroups:
             with self._lock:
                 batch = self._queues.pop(name, [])
             self.commits += 1
-            got: list[CheckpointInfo | BaseException]
+            got: list[LogEntry | BaseException]
             try:
                 got = list(commit(name, [c.part for c in batch]))
             except BaseException as exc:  # the whole commit's error, in each of its callers

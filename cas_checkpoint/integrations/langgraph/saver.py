@@ -25,10 +25,10 @@ from langgraph.checkpoint.base import (
 
 from cas_checkpoint.backends import Backend, open_backend_async
 from cas_checkpoint.engine.commit import Part
-from cas_checkpoint.engine.model import CheckpointInfo
 from cas_checkpoint.engine.steps import Step, arun, run
 from cas_checkpoint.errors import CasError, InvalidArgumentError
 from cas_checkpoint.format.codec import TypeRegistry
+from cas_checkpoint.format.objects import LogEntry
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
 from cas_checkpoint.integrations.langgraph.group import Groups, SyncGroups
 from cas_checkpoint.integrations.langgraph.keys import _key, _parse, _target
@@ -128,7 +128,7 @@ class CasSaver(Walks, BaseCheckpointSaver[str]):
     def _run(self, step: Step[Any]) -> Any:
         return run(step, self._core.backend)
 
-    def _sync_commit(self, name: str, parts: list[Part]) -> list[CheckpointInfo | Exception]:
+    def _sync_commit(self, name: str, parts: list[Part]) -> list[LogEntry | Exception]:
         parsed = _parse(name)
         return self._run(  # type: ignore[no-any-return]
             self._commit(name if parsed is None else parsed[0], name, parts))

@@ -21,6 +21,7 @@ from langgraph.checkpoint.base import (
 
 from cas_checkpoint.engine.archive import InArchive
 from cas_checkpoint.engine.commit import Part
+from cas_checkpoint.engine.commit import commit as commit_parts
 from cas_checkpoint.engine.core import Core
 from cas_checkpoint.engine.model import CheckpointInfo
 from cas_checkpoint.engine.refs import Ref
@@ -139,14 +140,25 @@ class Steps:
         return out
 
     def _commit(self, thread_id: str, name: str, parts: list[Part]
-                ) -> Step[list[CheckpointInfo | Exception]]:
+                ) -> Step[list[LogEntry | Exception]]:
         """A group of prepared saves of store thread ``name`` (of LangGraph thread
-        ``thread_id``: telemetry's span names it) committed together (``Core.commit``)."""
-        return (yield from self._core.commit(name, parts))
+        ``thread_id``: telemetry's span names it) committed together (``commit.commit``, as
+        ``Core.commit``): each part's log entry, or the error that refused it. (A put's answer
+        needs only its entry's id, a put_writes' nothing: no ``CheckpointInfo`` is made.)"""
+        done = yield from commit_parts(self._core, name, parts)
+        out: list[LogEntry | Exception] = []
+        for part in done:
+            if part.entry is not None:
+                out.append(part.entry)
+            else:
+                assert part.error is not None
+                out.append(part.error)
+        return out
 
     def _put_part(self, config: RunnableConfig, checkpoint: Checkpoint,
                   metadata: CheckpointMetadata, new_versions: ChannelVersions
-                  ) -> Step[tuple[str, Part, Callable[[CheckpointInfo], RunnableConfig],
+                  ) -> Step[tuple[str, Part,
+                                  Callable[[CheckpointInfo | LogEntry], RunnableConfig],
                                   Callable[[], Step[None]] | None]]:
         """A put, prepared (its parent found, its state encoded and split: nothing written):
         its store thread, its part for ``Core.commit``, what makes the put's answer of the
@@ -193,7 +205,7 @@ class Steps:
         part = self._core.prepare(state, metadata=meta, parents=parents, check=stamp,
                                   retain=shallow if self.shallow and not deltas else None)
 
-        def finish(info: CheckpointInfo) -> RunnableConfig:
+        def finish(info: CheckpointInfo | LogEntry) -> RunnableConfig:
             self._encoder.saved(thread_id, ns, state, info.id)
             return _config(thread_id, ns, checkpoint["id"])
 
