@@ -14,7 +14,7 @@ import msgpack
 from cas_checkpoint.errors import FormatError
 from cas_checkpoint.format import codec
 from cas_checkpoint.format.objects import ObjectId, decode_node
-from cas_checkpoint.tree.load import check_lengths
+from cas_checkpoint.tree.load import concat as join_parts
 from cas_checkpoint.tree.shapes import (
     BYTES,
     DICT,
@@ -356,26 +356,9 @@ def fill(value: Any, load: Callable[[Link | Joined], Any]) -> Any:
 
 def concat(oid: str, shape: int, parts: list[Any],
            lengths: tuple[int, ...] | None = None) -> Any:
-    """The values of a split value's children joined as ``shape`` (as ``load.py`` does), each
-    checked against its length when ``lengths`` are given."""
-    want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
-    for part in parts:
-        if type(part) is not want and not (want is list and type(part) is tuple):
-            raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
-                              f"{want.__name__}; the node is corrupt")
-    if lengths is not None:
-        check_lengths(oid, lengths, [len(p) for p in parts])
-    if shape in (LIST, TUPLE):
-        out: list[Any] = []
-        for part in parts:
-            out.extend(part)
-        return tuple(out) if shape == TUPLE else out
-    if shape == DICT:
-        merged: dict[Any, Any] = {}
-        for part in parts:
-            merged.update(part)
-        return merged
-    return "".join(parts) if shape == STR else b"".join(parts)
+    """The values of a split value's children joined as ``shape``, as a load joins them (the
+    same function), each checked against its length when ``lengths`` are given."""
+    return join_parts(ObjectId(oid), shape, parts, lengths)
 
 
 def text(reader: Reader, joined: Joined, depth: int = 0) -> str | bytes:

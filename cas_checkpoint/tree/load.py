@@ -55,6 +55,30 @@ def load(root: ObjectId, fetch: Fetch, types: codec.TypeRegistry | None = None,
     return _Joiner(nodes, types, budget).run(root)
 
 
+def concat(oid: ObjectId, shape: int, parts: list[Any],
+           lengths: tuple[int, ...] | None = None) -> Any:
+    """``parts`` (the values of a node's children) joined as ``shape``, each checked
+    against its length when ``lengths`` are given."""
+    want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
+    for part in parts:
+        if type(part) is not want and not (want is list and type(part) is tuple):
+            raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
+                              f"{want.__name__}; the node is corrupt")
+    if lengths is not None:
+        check_lengths(oid, lengths, [len(p) for p in parts])
+    if shape in (LIST, TUPLE):
+        out: list[Any] = []
+        for part in parts:
+            out.extend(part)
+        return tuple(out) if shape == TUPLE else out
+    if shape == DICT:
+        merged: dict[Any, Any] = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+    return "".join(parts) if shape == STR else b"".join(parts)
+
+
 class _Frame:
     __slots__ = ("children", "depth", "lengths", "oid", "payload", "shape", "vals")
 
@@ -147,29 +171,7 @@ class _Joiner:
         return codec.decode(frame.payload[1:], types=self.types,
                             resolve=lambda i: take(i, 1)[0], span=span)
 
-    @staticmethod
-    def concat(oid: ObjectId, shape: int, parts: list[Any],
-               lengths: tuple[int, ...] | None = None) -> Any:
-        """``parts`` (the values of a node's children) joined as ``shape``, each checked
-        against its length when ``lengths`` are given."""
-        want = {LIST: list, TUPLE: list, DICT: dict, STR: str, BYTES: bytes}[shape]
-        for part in parts:
-            if type(part) is not want and not (want is list and type(part) is tuple):
-                raise FormatError(f"state node {oid} joins a {type(part).__name__} into a "
-                                  f"{want.__name__}; the node is corrupt")
-        if lengths is not None:
-            check_lengths(oid, lengths, [len(p) for p in parts])
-        if shape in (LIST, TUPLE):
-            out: list[Any] = []
-            for part in parts:
-                out.extend(part)
-            return tuple(out) if shape == TUPLE else out
-        if shape == DICT:
-            merged: dict[Any, Any] = {}
-            for part in parts:
-                merged.update(part)
-            return merged
-        return "".join(parts) if shape == STR else b"".join(parts)
+    concat = staticmethod(concat)
 
     def flat_join(self, shape: int, children: tuple[ObjectId, ...],
                   lengths: tuple[int, ...] | None, depth: int) -> Any:
