@@ -23,7 +23,7 @@ from langgraph.graph.message import add_messages
 from pydantic import BaseModel
 
 from cas_checkpoint.errors import SerializationError
-from cas_checkpoint.format import codec
+from cas_checkpoint.format import codec, decoding
 from cas_checkpoint.integrations.langgraph import CasSaver
 from cas_checkpoint.integrations.langgraph import encode as encode_mod
 from cas_checkpoint.integrations.langgraph.encode import PutEncoder
@@ -432,3 +432,32 @@ def test_a_put_checks_langgraphs_metadata_once(monkeypatch: pytest.MonkeyPatch) 
     part = saver._core.prepare({"x": 1}, metadata={"a": "y" * (model.MAX_META_BYTES - 100)})
     with pytest.raises(InvalidArgumentError, match="bytes encoded"):
         model.add_meta(part.meta, {"b": "z" * 200})
+
+
+def test_a_load_tries_the_round_trip_on_its_own_objects(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A load's round trip of the items not tried yet encodes the objects the load decoded;
+    it does not decode their bytes a second time (on 341e6b3: 50 messages decoded again, each
+    an extension the decoder rebuilt). The next put still encodes only the new message."""
+    enc = PutEncoder()
+    msgs = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(50)]
+    cp = {"v": 4, "id": "1", "channel_values": {"messages": msgs},
+          "channel_versions": {"messages": 1}}
+    got = _check(enc, cp, {"messages": 1})
+    enc.saved("t", "", got, "cid1")
+    loaded = codec.decode(got.data, types=REG)
+    exts: list[int] = []
+    hook = decoding._Decoder.ext_hook
+
+    def counted(self: Any, code: int, data: bytes) -> Any:
+        exts.append(code)
+        return hook(self, code, data)
+
+    monkeypatch.setattr(decoding._Decoder, "ext_hook", counted)
+    enc.loaded("t", "", "cid1", loaded)
+    assert exts == []
+    before = enc.encoded
+    more = [*loaded["channel_values"]["messages"], AIMessage(content="new", id="n")]
+    _check(enc, {"v": 4, "id": "2", "channel_values": {"messages": more},
+                 "channel_versions": {"messages": 2}}, {"messages": 2})
+    assert enc.encoded - before == 1

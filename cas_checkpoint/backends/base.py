@@ -29,9 +29,11 @@ from typing import Any, TypeVar
 import blake3
 
 from cas_checkpoint.errors import NotFoundError
+from cas_checkpoint.format import decoding
 
 T = TypeVar("T")
 _POOL_LOCK = threading.Lock()
+_STACK_LOCK = threading.Lock()  # held while a pool starts threads (``_Pool``)
 # The pools the async face of blocking backends (local disk) runs on, one a process per size,
 # shared by every backend object: a new store object or saver per request (a web handler, the
 # agent benchmark's "latest state, new saver") used to start a thread of its own (~0.1 ms
@@ -43,12 +45,52 @@ _POOLS: dict[tuple[int, Hashable], ThreadPoolExecutor] = {}
 
 
 def _forget_pools() -> None:  # a forked child has none of its parent's threads
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
+    global _POOL_LOCK, _STACK_LOCK
+    _POOL_LOCK, _STACK_LOCK = threading.Lock(), threading.Lock()
     _POOLS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_pools)
+
+POOL_STACK = 8 << 20  # the stack of a pool thread: Linux's usual default, set for every platform
+
+
+class _Pool(ThreadPoolExecutor):
+    """A ThreadPoolExecutor whose threads start with a stack of at least POOL_STACK bytes, and
+    tell the decoder so (``decoding.stack_is``: ormsgpack decodes there, as on the main thread;
+    the async face of local disk decodes on these threads).
+
+    The stack size of new threads is the process's (``threading.stack_size``): it is set while
+    this pool starts threads (they start in ``submit``), under a lock, and put back. A thread
+    that sets it meanwhile without the lock would give a pool thread another size: if the size
+    is not the pool's when it is put back, or cannot be set here, the pool's threads decode
+    with msgpack alone, which needs no more than a small stack."""
+
+    def __init__(self, workers: int, prefix: str) -> None:
+        super().__init__(workers, thread_name_prefix=prefix, initializer=self._started)
+        self._stack = 0  # the size its threads started with; 0: unknown
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> ConcurrentFuture[T]:
+        with _STACK_LOCK:
+            try:
+                old = threading.stack_size()
+                size = max(old, POOL_STACK)
+                threading.stack_size(size)
+            except (ValueError, RuntimeError):  # (a platform that cannot set it)
+                self._stack, size = -1, 0
+            try:
+                return super().submit(fn, *args, **kwargs)
+            finally:
+                if size and threading.stack_size(old) != size:
+                    self._stack = -1  # (changed meanwhile: no size is vouched for)
+                elif size and self._stack >= 0:
+                    self._stack = min(self._stack or size, size)
+
+    def _started(self) -> None:
+        """In each new thread: it learns its stack once its starter has put the size back."""
+        with _STACK_LOCK:
+            if self._stack > 0:
+                decoding.stack_is(self._stack)
 
 
 class RefMismatch(Exception):
@@ -253,8 +295,7 @@ class Backend(ABC):
             with _POOL_LOCK:
                 pool = _POOLS.get(key)
                 if pool is None:
-                    pool = _POOLS[key] = ThreadPoolExecutor(
-                        self.async_threads, thread_name_prefix="cas-checkpoint-io")
+                    pool = _POOLS[key] = _Pool(self.async_threads, "cas-checkpoint-io")
         self._pool = pool
         return pool
 

@@ -414,7 +414,7 @@ class LocalBackend(DurableFolders, Backend):
             if fd >= 0:
                 os.close(fd)
         seq = live.seq + 1 if live is not None else 1
-        whole = ref_slots.new_file(seq, data)
+        whole = ref_slots.new_file(seq, data, new=current is None)
         tmp = self._write_tmp(path, whole)
         os.replace(tmp, path)
         self._fsync_dir(os.path.dirname(path))

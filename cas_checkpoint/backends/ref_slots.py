@@ -45,13 +45,18 @@ def next_mark(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-def slot_size(head_len: int) -> int:
-    """The slot size of a new slotted file for a head of ``head_len`` bytes: room to grow by a
-    quarter before the file is rewritten, in whole 4 KB blocks. (A head grows while its first
-    checkpoints and inline objects come in, then stays within a band: room to double made a
-    ref file ~4x its head, most of a LangGraph agent's store at 10-50 turns; a quarter costs
-    the agent benchmark +0.3-0.9 flushes a turn of ~35, for ~1/4 fewer bytes; issue 29.)"""
-    need = (HEADER + head_len) * 5 // 4
+def slot_size(head_len: int, new: bool = False) -> int:
+    """The slot size of a slotted file for a head of ``head_len`` bytes, in whole 4 KB blocks:
+    room to grow by a quarter before the file is rewritten, and a block more for a ``new`` ref
+    (no file before). A head grows while its first checkpoints and inline objects come in,
+    then stays within a band: room to double made a ref file ~4x its head, most of a LangGraph
+    agent's store at 10-50 turns (a quarter costs the agent benchmark +0.3-0.9 flushes a turn
+    of ~35, for ~1/4 fewer bytes; issue 29). A new ref's growth is by saves, not by a factor:
+    the namespace ref a subgraph makes each turn grows by ~5 KB over its 4 saves (from 0.5 KB,
+    or from 7.6 KB), and with a quarter alone its file was written whole twice (a temp file,
+    2 flushes and a rename more than a slot update); room to double cost the agent benchmark
+    11% more bytes at 50 turns (namespace refs that start at 20-40 KB)."""
+    need = (HEADER + head_len) * 5 // 4 + (BLOCK if new else 0)
     return max(BLOCK, -(-need // BLOCK) * BLOCK)
 
 
@@ -62,10 +67,11 @@ def fits(slot: int, head_len: int) -> bool:
     return need <= slot and not (slot > 16 * BLOCK and need * 8 < slot)
 
 
-def new_file(seq: int, head: bytes) -> bytes:
+def new_file(seq: int, head: bytes, new: bool = False) -> bytes:
     """A whole slotted file: ``head`` live in slot 0, slot 1 retired (a header with seq 0 and
-    no checksum), so that any slot without a header is damage."""
-    slot = slot_size(len(head))
+    no checksum), so that any slot without a header is damage. ``new``: the ref's first file
+    (``slot_size``)."""
+    slot = slot_size(len(head), new)
     first = encode_slot(seq, head)
     second = _HEADER.pack(MAGIC, FORMAT, 0, 0, _RETIRED, 0)
     return first + bytes(slot - len(first)) + second + bytes(slot - len(second))

@@ -64,8 +64,18 @@ def _accelerator() -> Callable[..., Any] | None:
 
 FAST_UNPACKB = _accelerator()  # ormsgpack.unpackb, or None
 FAST_MIN, FAST_MAX = 4096, 64 << 20  # input sizes worth the fast path (and its one copy)
-FAST_STACK = 4 << 20  # the least stack limit of the main thread it runs in
+FAST_STACK = 4 << 20  # the least stack of a thread it runs in (it needs ~0.6 MB at most)
 _MAIN = threading.main_thread().ident
+_HERE = threading.local()  # .stack: this thread's stack, fixed at its start (``stack_is``)
+
+
+def stack_is(size: int) -> None:
+    """Tell ``decode`` that the calling thread, not the main one, was started with a stack of
+    ``size`` bytes (fixed at its start, unlike the main thread's): ormsgpack decodes there when
+    that is at least FAST_STACK. The storage layer's thread pools call it in each of their
+    threads, which they start with a stack of their own size (``backends.base``)."""
+    if threading.get_ident() != _MAIN:
+        _HERE.stack = size
 
 
 class _ResolveFailed(Exception):
@@ -290,10 +300,12 @@ def decode(
         raise InvalidArgumentError(f"decode() needs bytes, got {type(data).__name__}")
     decoder = _Decoder(_NO_TYPES if types is None else types, resolve, span, objects)
     if (FAST_UNPACKB is not None and FAST_MIN <= len(data) <= FAST_MAX and resolve is None
-            and span is None and objects is None and threading.get_ident() == _MAIN):
-        got = _fast(data, decoder)
-        if got is not _FAILED:
-            return got
+            and span is None and objects is None):
+        main = threading.get_ident() == _MAIN
+        if main or getattr(_HERE, "stack", 0) >= FAST_STACK:
+            got = _fast(data, decoder, main)
+            if got is not _FAILED:
+                return got
     try:
         return msgpack.unpackb(data, ext_hook=decoder.ext_hook, strict_map_key=False, timestamp=3)
     except FormatError:
@@ -310,17 +322,21 @@ def decode(
 _FAILED: Any = object()
 
 
-def _fast(data: bytes | bytearray | memoryview, decoder: _Decoder) -> Any:
+def _fast(data: bytes | bytearray | memoryview, decoder: _Decoder, main: bool) -> Any:
     """ormsgpack's decoding of ``data``, or _FAILED where it might differ from msgpack's
     (see the module's docstring)."""
-    # Read at each call, not once: Linux grows the main thread's stack on demand up to the
-    # limit in force at that moment, and setrlimit (or prlimit(1) from another process) may
-    # lower it after import; a limit read once could send a deep input into a stack that can
-    # no longer hold it (SIGSEGV). The call costs ~0.4 us, against >= ~4 us for the smallest
-    # input decoded here (4 KB), ~0.2% of a 1,000-message state's decode.
-    limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    if limit != resource.RLIM_INFINITY and limit < FAST_STACK:
-        return _FAILED
+    # ormsgpack recurses in C per nesting level (up to its limit of 1,024) and calls
+    # ``ext_hook`` at the bottom: ~0.6 MB of stack at most (a thread of 640 KB held every
+    # hostile input of tests/test_fast_threads.py, one of 560 KB died), under FAST_STACK. The
+    # main thread's limit is read at each call, not once: Linux grows its stack on demand up
+    # to the limit in force at that moment, and setrlimit (or prlimit(1) from another process)
+    # may lower it after import; a limit read once could send a deep input into a stack that
+    # can no longer hold it (SIGSEGV). The call costs ~0.4 us, against >= ~4 us for the
+    # smallest input decoded here (4 KB). Another thread's stack is fixed when it starts.
+    if main:
+        limit = resource.getrlimit(resource.RLIMIT_STACK)[0]
+        if limit != resource.RLIM_INFINITY and limit < FAST_STACK:
+            return _FAILED
     nonce = os.urandom(16)
     assert FAST_UNPACKB is not None
     try:

@@ -21,10 +21,10 @@ and namespace:
 Each invoke starts with a ``get_tuple``, whose state is new objects decoded from storage; when
 it is the checkpoint this encoder's last put of the thread made (``saved``, ``loaded``), its
 lists' items are remembered as the objects of the bytes they were decoded from, those whose
-bytes round trip (decode, encode again: the same bytes; a registered class that rebuilds an
-object otherwise is encoded again). So an invoke's first put too encodes only the input. An
-item's round trip is tried once, at the first load that would reuse it, not at the put that
-encoded it: a put does not decode what it has just encoded.
+bytes round trip (the object the load decoded, encoded again: the same bytes; a registered
+class that rebuilds an object otherwise is encoded again). So an invoke's first put too
+encodes only the input. An item's round trip is tried once, at the first load that would
+reuse it, not at the put that encoded it: a put does not decode what it has just encoded.
 
 A subgraph's namespace (``checkpoint_ns``, new for each task) starts from the root namespace's
 lists: the messages a parent hands its subgraph are the same objects.
@@ -56,7 +56,7 @@ from itertools import accumulate, chain, compress, count, repeat
 from operator import add, attrgetter, is_, is_not
 from typing import Any
 
-from cas_checkpoint.format.codec import TypeRegistry, decode, encode_nested
+from cas_checkpoint.format.codec import TypeRegistry, encode_nested
 from cas_checkpoint.tree.build import Encoded
 from cas_checkpoint.tree.cuts import item_ends
 from cas_checkpoint.tree.shapes import array_header, map_header
@@ -87,6 +87,15 @@ def _attrs(items: list[Any]) -> tuple[list[int], list[Any]]:
         else:
             lens.append(-1)
     return lens, flat
+
+
+def _offsets(lens: list[int]) -> list[int]:
+    """Where each item's values start in ``flat`` (``_attrs``), and where the last ends: the
+    running sum of ``lens``, an item never reused (-1) counting 0 (without a ``max`` call an
+    item when there is none: a list of messages)."""
+    if not lens or min(lens) >= 0:
+        return list(accumulate(lens, initial=0))
+    return list(accumulate(map(max, lens, repeat(0)), initial=0))
 
 
 _KEYS: dict[str, bytes] = {}  # recent channel and field names (exactly str) -> their bytes
@@ -223,8 +232,8 @@ class PutEncoder:
         (LangGraph makes its channels of them): when that is the state this encoder's last
         put of the thread made, its lists' items are decoded from the bytes remembered, so
         they are remembered as those bytes' objects, each one whose bytes were seen to round
-        trip (decode, encode again: the same bytes) when first encoded. The next put then
-        encodes only what the graph adds, not every message again."""
+        trip (the object decoded, encoded again: the same bytes) at the first load of them.
+        The next put then encodes only what the graph adds, not every message again."""
         try:
             self._seed(thread_id, ns, cid, checkpoint)
         except Exception:  # (an object's __getattr__ that raised: nothing is learned)
@@ -245,17 +254,17 @@ class PutEncoder:
             if (type(value) is not list or was.items is None or was.exact is None
                     or len(value) != len(was.items) or versions.get(channel) != was.version):
                 continue
-            exact = self._exact(was)
+            exact = self._exact(was, value)
             if exact is None:  # (the registry changed since: nothing is reused)
                 return
             lens, flat = _attrs(value)
             if not all(exact):  # (an item whose bytes do not round trip: not reused)
-                offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+                offs = _offsets(lens)
                 keep = [n >= 0 and ok for n, ok in zip(lens, exact, strict=True)]
                 flat = [v for ok, a, b in zip(keep, offs, offs[1:], strict=False) if ok
                         for v in flat[a:b]]
                 lens = [n if ok else -1 for n, ok in zip(lens, keep, strict=True)]
-            offs = list(accumulate(map(max, lens, repeat(0)), initial=0))
+            offs = _offsets(lens)
             seeded[channel] = _Value(was.version, value, was.data, list(value), was.ends,
                                      was.exact, lens, flat, offs)
         if seeded:
@@ -263,10 +272,11 @@ class PutEncoder:
                 if self._threads.get((thread_id, ns)) is got:
                     got.values = {**got.values, **seeded}
 
-    def _exact(self, was: _Value) -> list[bool | None] | None:
-        """``was.exact``, its items whose round trip was not tried yet tried now (in one
-        decode of them all; each answer kept for the next load); None when the saver's type
-        registry is not the one they were encoded with."""
+    def _exact(self, was: _Value, items: list[Any]) -> list[bool | None] | None:
+        """``was.exact``, its items whose round trip was not tried yet tried now on ``items``
+        (the objects a load decoded from those bytes: in one encoding of them all; each answer
+        kept for the next load); None when the saver's type registry is not the one they
+        were encoded with."""
         assert was.exact is not None and was.ends is not None and was.items is not None
         todo = [j for j, ok in enumerate(was.exact) if ok is None]
         if not todo:
@@ -285,7 +295,8 @@ class PutEncoder:
             parts.append(data[bounds[j]:bounds[j + 1]])
             pos += bounds[j + 1] - bounds[j]
             ends.append(pos)
-        got = self._round_trips(b"".join(parts), len(head), ends, types)
+        got = self._round_trips([items[j] for j in todo], b"".join(parts), len(head), ends,
+                                types)
         for j, ok in zip(todo, got, strict=True):
             was.exact[j] = ok
         return was.exact
@@ -406,16 +417,16 @@ class PutEncoder:
         return _Value(version, value, b"".join(parts), list(value), ends, exact, lens, flat,
                       offs, share)
 
-    def _round_trips(self, data: bytes, start: int, ends: list[int], types: TypeRegistry
-                     ) -> list[bool]:
+    def _round_trips(self, objects: list[Any], data: bytes, start: int, ends: list[int],
+                     types: TypeRegistry) -> list[bool]:
         """Per item of the encoded list ``data`` (items from ``start``, each ending at
-        ``ends``): whether decoding it gives an object that encodes to the same bytes (its
-        class is registered and rebuilds it as it was). Decoded with the registry's classes
-        only: an object stored as data under its class's name does not round trip."""
-        strict = types.without_hooks()
+        ``ends``), which a load decoded as ``objects``: whether that object encodes to the same
+        bytes (so a put may take those bytes for it while it and its attributes are the very
+        objects they were). The load's own objects are encoded, not a second decoding of the
+        bytes: what a put reuses the bytes for is those objects."""
         try:
-            again = encode_nested(decode(data, types=strict), 2, types=types)
-        except Exception:  # (CasError, or a registered class's from_data that raised)
+            again = encode_nested(objects, 2, types=types)
+        except Exception:  # (CasError, or a registered class's hook that raised)
             return [False] * len(ends)
         if again == data:
             return [True] * len(ends)
