@@ -71,8 +71,9 @@ IN_SAVE = 0  # puts and put_writes running now (the turn's get_tuple is not coun
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Counts, inside aput / aput_writes: log segments decoded, metadata walked in Python
-    (``model._meta_problem``), and states decoded by the put encoder (a round trip)."""
-    decode, walk, lg_decode = Segment.decode, model._meta_problem, lg_encode.decode
+    (``model._meta_problem``), and round trips the put encoder tried (``_round_trips``)."""
+    decode, walk = Segment.decode, model._meta_problem
+    trips = lg_encode.PutEncoder._round_trips
 
     def seg_decode(data: Any) -> Segment:
         WORK["segments decoded"] += IN_SAVE > 0
@@ -83,8 +84,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
         return walk(meta)
 
     def round_trip(*a: Any, **k: Any) -> Any:
-        WORK["states decoded"] += IN_SAVE > 0
-        return lg_decode(*a, **k)
+        WORK["round trips"] += IN_SAVE > 0
+        return trips(*a, **k)
 
     def counting(name: str) -> Any:
         real = getattr(CasSaver, name)
@@ -101,7 +102,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
     monkeypatch.setattr(Segment, "decode", staticmethod(seg_decode))
     monkeypatch.setattr(model, "_meta_problem", meta_walk)
-    monkeypatch.setattr(lg_encode, "decode", round_trip)
+    monkeypatch.setattr(lg_encode.PutEncoder, "_round_trips", round_trip)
     for name in ("aput", "aput_writes"):
         monkeypatch.setattr(CasSaver, name, counting(name))
     WORK.clear()
@@ -134,7 +135,7 @@ def test_a_save_redoes_none_of_its_own_work_at_turn_10_and_40(counted: Counter[s
         assert work["calls"] == 10, (turn, work)  # 5 puts and 5 put_writes
         assert work["segments decoded"] == 0, (turn, work)
         assert work["metadata walked"] == 0, (turn, work)
-        assert work["states decoded"] == 0, (turn, work)
+        assert work["round trips"] == 0, (turn, work)
     state = asyncio.run(graph.aget_state(cfg("t")))
     assert len(state.values["messages"]) == 42 * 5
     # a new saver (new caches) reads back the same
@@ -144,23 +145,24 @@ def test_a_save_redoes_none_of_its_own_work_at_turn_10_and_40(counted: Counter[s
 
 def test_round_trips_are_tried_at_the_load_that_reuses_the_items(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A put decodes nothing; the next turn's get_tuple tries the new items' round trip once
-    (one decode of them all), and a later put reuses them (nothing encoded again)."""
+    """A put tries no round trip; the next turn's get_tuple tries the new items' round trip
+    once (one encoding of them all), and a later put reuses them (nothing encoded again)."""
     saver = CasSaver.from_url(f"memory://percall-{uuid.uuid4().hex[:8]}")
     graph = agent(saver)
     decoded: list[int] = []
     real = lg_encode.PutEncoder._round_trips
 
-    def trips(self: Any, data: bytes, start: int, ends: list[int], types: Any) -> list[bool]:
+    def trips(self: Any, objects: list[Any], data: bytes, start: int, ends: list[int],
+              types: Any) -> list[bool]:
         decoded.append(len(ends))
-        return real(self, data, start, ends, types)
+        return real(self, objects, data, start, ends, types)
 
     monkeypatch.setattr(lg_encode.PutEncoder, "_round_trips", trips)
     for turn in range(1, 6):
         asyncio.run(graph.ainvoke(
             {"messages": [HumanMessage(f"question {turn}", id=f"h{turn}")]}, cfg("t")))
     # turn 1 loads nothing; each later turn's load tries the 5 messages the turn before
-    # added (its input, the tool call, the two results, the answer), in one decode
+    # added (its input, the tool call, the two results, the answer), in one encoding
     assert decoded == [5, 5, 5, 5], decoded
     enc = saver._encoder
     assert enc.reused > enc.encoded
