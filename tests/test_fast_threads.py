@@ -77,6 +77,34 @@ def test_a_pool_whose_stack_size_changed_meanwhile_decodes_with_msgpack(
     assert restores and fast_calls == [] and pool._stack == -1
 
 
+def test_a_pool_with_all_its_threads_leaves_the_stack_size_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every thread of the pool has started, a submit neither reads nor sets the
+    process's stack size (on the first cut: two calls a submit, each a window in which
+    another thread's own setting would be undone), and its threads still decode fast."""
+    pool = base._Pool(2, "test-fast-threads-full")
+    try:
+        gate = threading.Barrier(3)  # both workers busy at once: both threads started
+        first = [pool.submit(gate.wait) for _ in range(2)]
+        gate.wait()
+        for f in first:
+            f.result()
+        calls: list[tuple[int, ...]] = []
+        real = threading.stack_size
+
+        def counted(*size: int) -> int:
+            calls.append(size)
+            return real(*size)
+
+        monkeypatch.setattr(threading, "stack_size", counted)
+        data = encode(STATE)
+        assert [pool.submit(decode, data).result() for _ in range(20)] == [STATE] * 20
+        assert calls == [], calls
+        assert pool._stack == base.POOL_STACK
+    finally:
+        pool.shutdown()
+
+
 HOSTILE = r"""
 import os, sys, threading
 import msgpack

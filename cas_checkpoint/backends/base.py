@@ -64,13 +64,18 @@ class _Pool(ThreadPoolExecutor):
     this pool starts threads (they start in ``submit``), under a lock, and put back. A thread
     that sets it meanwhile without the lock would give a pool thread another size: if the size
     is not the pool's when it is put back, or cannot be set here, the pool's threads decode
-    with msgpack alone, which needs no more than a small stack."""
+    with msgpack alone, which needs no more than a small stack. Once all ``workers`` threads
+    have started, a submit starts none: it leaves the process's setting alone (no lock, no
+    window in which another thread's own ``threading.stack_size`` call is undone)."""
 
     def __init__(self, workers: int, prefix: str) -> None:
         super().__init__(workers, thread_name_prefix=prefix, initializer=self._started)
         self._stack = 0  # the size its threads started with; 0: unknown
+        self._workers, self._begun = workers, 0  # threads it may start, threads started
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> ConcurrentFuture[T]:
+        if self._begun >= self._workers:  # (every thread started: this submit starts none)
+            return super().submit(fn, *args, **kwargs)
         with _STACK_LOCK:
             try:
                 old = threading.stack_size()
@@ -89,6 +94,7 @@ class _Pool(ThreadPoolExecutor):
     def _started(self) -> None:
         """In each new thread: it learns its stack once its starter has put the size back."""
         with _STACK_LOCK:
+            self._begun += 1
             if self._stack > 0:
                 decoding.stack_is(self._stack)
 
