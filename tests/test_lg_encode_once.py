@@ -219,14 +219,20 @@ def test_random_puts_encode_byte_for_byte_as_a_fresh_encoding(seed: int) -> None
     assert reused > 60  # (the encodings were reused: the test tests something)
 
 
-def test_a_load_lets_the_next_put_encode_only_the_new_messages() -> None:
-    enc = PutEncoder()
+def _fifty_saved(enc: PutEncoder) -> tuple[Any, Any]:
+    """A put of 50 messages by ``enc``, reported saved as checkpoint ``cid1``: its encoding,
+    and the checkpoint decoded from it (what a load hands ``enc.loaded``)."""
     msgs = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(50)]
     cp = {"v": 4, "id": "1", "channel_values": {"messages": msgs},
           "channel_versions": {"messages": 1}}
     got = _check(enc, cp, {"messages": 1})
     enc.saved("t", "", got, "cid1")
-    loaded = codec.decode(got.data, types=REG)
+    return got, codec.decode(got.data, types=REG)
+
+
+def test_a_load_lets_the_next_put_encode_only_the_new_messages() -> None:
+    enc = PutEncoder()
+    got, loaded = _fifty_saved(enc)
     enc.loaded("t", "", "cid1", loaded)
     before = enc.encoded
     more = [*loaded["channel_values"]["messages"], AIMessage(content="new", id="n")]
@@ -440,12 +446,7 @@ def test_a_load_tries_the_round_trip_on_its_own_objects(monkeypatch: pytest.Monk
     it does not decode their bytes a second time (on 341e6b3: 50 messages decoded again, each
     an extension the decoder rebuilt). The next put still encodes only the new message."""
     enc = PutEncoder()
-    msgs = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(50)]
-    cp = {"v": 4, "id": "1", "channel_values": {"messages": msgs},
-          "channel_versions": {"messages": 1}}
-    got = _check(enc, cp, {"messages": 1})
-    enc.saved("t", "", got, "cid1")
-    loaded = codec.decode(got.data, types=REG)
+    _, loaded = _fifty_saved(enc)
     exts: list[int] = []
     hook = decoding._Decoder.ext_hook
 

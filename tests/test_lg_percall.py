@@ -104,6 +104,29 @@ def _steady(calls: list[tuple[str, tuple[Any, ...]]]) -> Iterator[tuple[str, Any
         yield kind, saver, args
 
 
+def _counted_in_steady(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, tuple[Any, ...]]],
+                       owner: type, name: str) -> tuple[int, int]:
+    """(calls of ``owner.name`` made inside the steady calls, how many steady calls):
+    ``owner.name`` wrapped to count while one of ``_steady``'s calls runs."""
+    counted = 0
+    on = False  # counting (the steady calls only)
+    real = getattr(owner, name)
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        nonlocal counted
+        counted += on
+        return real(*args, **kw)
+
+    monkeypatch.setattr(owner, name, counting)
+    n = 0
+    for kind, saver, args in _steady(calls):
+        n += 1
+        on = True
+        getattr(saver, kind)(*args)
+        on = False
+    return counted, n
+
+
 def test_python_calls_per_call(calls: list[tuple[str, tuple[Any, ...]]]) -> None:
     """Python function calls inside cas_checkpoint, a call (mean over the loop; main before
     session 13's cuts: 386 a put, 165 a put_writes; before session 14's: 319 and 158; before
@@ -219,22 +242,7 @@ def test_a_log_entry_is_packed_once(monkeypatch: pytest.MonkeyPatch,
     put_writes more, ~2.4 a call in all, as segments fill on either kind)."""
     from cas_checkpoint.format.objects import LogEntry
 
-    packed = 0
-    on = False  # counting (the steady calls only)
-    real = LogEntry.pack
-
-    def counted(self: LogEntry, prev: Any = None) -> list[Any]:
-        nonlocal packed
-        packed += on
-        return real(self, prev)
-
-    monkeypatch.setattr(LogEntry, "pack", counted)
-    n = 0
-    for kind, saver, args in _steady(calls):
-        n += 1
-        on = True
-        getattr(saver, kind)(*args)
-        on = False
+    packed, n = _counted_in_steady(monkeypatch, calls, LogEntry, "pack")
     assert packed <= n * 1.05, (packed, n)
 
 
@@ -264,20 +272,5 @@ def test_the_sync_face_makes_no_checkpoint_info(monkeypatch: pytest.MonkeyPatch,
     datetime) is made for them (341e6b3: one a call)."""
     from cas_checkpoint.engine import model
 
-    made = 0
-    on = False
-    real = model.CheckpointInfo.__init__
-
-    def counted(self: Any, *args: Any, **kw: Any) -> None:
-        nonlocal made
-        made += on
-        real(self, *args, **kw)
-
-    monkeypatch.setattr(model.CheckpointInfo, "__init__", counted)
-    n = 0
-    for kind, saver, args in _steady(calls):
-        n += 1
-        on = True
-        getattr(saver, kind)(*args)
-        on = False
+    made, n = _counted_in_steady(monkeypatch, calls, model.CheckpointInfo, "__init__")
     assert n >= 4 * STEPS and made == 0, (made, n)
