@@ -17,7 +17,7 @@ that read, each mode in a fresh process reading ``--threads`` threads of each ``
   in memory beforehand, untimed; they are hashed, decompressed and decoded in the read);
 * **SqliteSaver**: ``get_tuple`` on an open connection.
 
-The write side (``--write-steps``, one process a size, memory of a local folder): a tool loop
+The write side (``--write-steps``, one process a size, CasSaver on a local folder): a tool loop
 written by CasSaver with its backend's writes counted per call, SqliteSaver's stored bytes per
 put in the same process, and the work a whole state adds to a put (zstd of its encoding, which
 ``PutEncoder`` has already built, and BLAKE3 of the blob), beside a CasSaver put's and an
