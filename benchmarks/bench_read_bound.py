@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,37 +207,73 @@ def decode(where: str, threads: int) -> dict[str, float]:
     return {"codec": statistics.median(a), "jsonplus": statistics.median(b)}
 
 
-def child(args: list[str]) -> None:
+def serve(args: list[str], modes: dict[str, Callable[[str, int, int], Any]],
+          read: Callable[[str, str, int], Any]) -> None:
+    """A child's work (``--child mode where threads steps``): ``modes[mode](where, threads,
+    steps)``, else ``read(mode, where, threads)``; its answer printed as JSON."""
     mode, where, threads, steps = args[0], args[1], int(args[2]), int(args[3])
-    out: Any
-    if mode == "write":
-        write(where, threads, steps)
-        out = blobs(where, threads)
-    elif mode == "decode":
-        out = decode(where, threads)
-    else:
-        out = read(mode, where, threads)
-    print(json.dumps(out))
+    do = modes.get(mode)
+    print(json.dumps(read(mode, where, threads) if do is None else do(where, threads, steps)))
 
 
-def _run(mode: str, where: str, threads: int, steps: int) -> Any:
-    got = subprocess.run([sys.executable, __file__, "--child", mode, where, str(threads),
+def _written(where: str, threads: int, steps: int) -> Any:
+    write(where, threads, steps)
+    return blobs(where, threads)
+
+
+def child(args: list[str]) -> None:
+    serve(args, {"write": _written, "decode": lambda where, threads, _: decode(where, threads)},
+          read)
+
+
+def run_child(script: str, mode: str, where: str, threads: int, steps: int) -> Any:
+    """``script --child mode where threads steps`` in a fresh process: its last line's JSON."""
+    got = subprocess.run([sys.executable, script, "--child", mode, where, str(threads),
                           str(steps)], check=True, capture_output=True, text=True)
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=200)
+def rounds_of(script: str, modes: Sequence[str], threads: int, steps: int, rounds: int
+              ) -> tuple[Any, dict[str, list[Any]]]:
+    """A store of ``threads`` threads of ``steps`` written by ``script``'s child ``write``,
+    then each mode read ``rounds`` times, each in a fresh process: (write's answer, answers
+    by mode)."""
+    with tempfile.TemporaryDirectory() as where:
+        size = run_child(script, "write", where, threads, steps)
+        got: dict[str, list[Any]] = {mode: [] for mode in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                got[mode].append(run_child(script, mode, where, threads, steps))
+    return size, got
+
+
+def parser(doc: str, threads: int) -> argparse.ArgumentParser:
+    """The options both bound benchmarks take."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=threads)
     ap.add_argument("--steps", default="25,50")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    return ap
+
+
+def parsed(ap: argparse.ArgumentParser, child: Callable[[list[str]], None]
+           ) -> argparse.Namespace | None:
+    """The options, checked; None once ``child`` has done a child's work (``--child``)."""
     ns = ap.parse_args()
     if ns.child:
         child(ns.child)
-        return
+        return None
     if ns.threads < 2:
         ap.error("--threads must be at least 2 (one read is untimed)")
+    return ns
+
+
+def main() -> None:
+    ap = parser(__doc__ or "", 200)
+    ns = parsed(ap, child)
+    if ns is None:
+        return
     try:
         steps = [int(s) for s in ns.steps.split(",")]
     except ValueError:
@@ -246,13 +282,8 @@ def main() -> None:
           f"{ns.rounds} rounds; CPU medians of the calling thread, ms a read")
     rows, parts = [], []
     for n in steps:
-        with tempfile.TemporaryDirectory() as where:
-            size = _run("write", where, ns.threads, n)
-            got: dict[str, list[Any]] = {"cas": [], "one object": [], "sqlite": [],
-                                          "decode": []}
-            for _ in range(ns.rounds):
-                for mode in ("cas", "one object", "sqlite", "decode"):
-                    got[mode].append(_run(mode, where, ns.threads, n))
+        size, got = rounds_of(__file__, ("cas", "one object", "sqlite", "decode"), ns.threads,
+                              n, ns.rounds)
         sq = statistics.median(r["cpu"] for r in got["sqlite"])
         msgs = got["cas"][0]["messages"]
         for mode, label in (("cas", "CasSaver, never read"), ("one object", "one object (bound)"),

@@ -32,13 +32,11 @@ and 400.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -269,25 +267,23 @@ def write_cost(steps: int) -> dict[str, Any]:
     return out
 
 
-def child(args: list[str]) -> None:
-    mode, where, threads, steps = args[0], args[1], int(args[2]), int(args[3])
-    out: Any
-    if mode == "write":
-        from bench_read_bound import write
+def _written(where: str, threads: int, steps: int) -> Any:
+    from bench_read_bound import write
 
-        write(where, threads, steps)
-        out = snapshots(where, threads)
-    elif mode == "cost":
-        out = write_cost(steps)
-    else:
-        out = read(mode, where, threads)
-    print(json.dumps(out))
+    write(where, threads, steps)
+    return snapshots(where, threads)
+
+
+def child(args: list[str]) -> None:
+    from bench_read_bound import serve
+
+    serve(args, {"write": _written, "cost": lambda _, __, steps: write_cost(steps)}, read)
 
 
 def _run(mode: str, where: str, threads: int, steps: int) -> Any:
-    got = subprocess.run([sys.executable, __file__, "--child", mode, where, str(threads),
-                          str(steps)], check=True, capture_output=True, text=True)
-    return json.loads(got.stdout.strip().splitlines()[-1])
+    from bench_read_bound import run_child
+
+    return run_child(__file__, mode, where, threads, steps)
 
 
 def _kb(n: float) -> str:
@@ -295,18 +291,13 @@ def _kb(n: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=120)
-    ap.add_argument("--steps", default="25,50")
-    ap.add_argument("--rounds", type=int, default=2)
+    from bench_read_bound import parsed, parser, rounds_of
+
+    ap = parser(__doc__ or "", 120)
     ap.add_argument("--write-steps", default="9,49,199")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    ns = ap.parse_args()
-    if ns.child:
-        child(ns.child)
+    ns = parsed(ap, child)
+    if ns is None:
         return
-    if ns.threads < 2:
-        ap.error("--threads must be at least 2 (one read is untimed)")
     try:
         steps = [int(s) for s in ns.steps.split(",") if s]
         wsteps = [int(s) for s in ns.write_steps.split(",") if s]
@@ -316,12 +307,7 @@ def main() -> None:
           f"{ns.rounds} rounds; CPU medians of the calling thread, ms a read")
     rows = []
     for n in steps:
-        with tempfile.TemporaryDirectory() as where:
-            size = _run("write", where, ns.threads, n)
-            got: dict[str, list[Any]] = {m: [] for m in READS}
-            for _ in range(ns.rounds):
-                for mode in READS:
-                    got[mode].append(_run(mode, where, ns.threads, n))
+        size, got = rounds_of(__file__, READS, ns.threads, n, ns.rounds)
         sq = statistics.median(r["cpu"] for r in got["sqlite"])
         msgs = got["cas"][0]["messages"]
         for mode in READS:
