@@ -273,7 +273,7 @@ def test_leaf_children_are_decodable_nodes() -> None:
         assert all(c in built.objects for c in children), oid
 
 
-@pytest.mark.parametrize("lengths_kept", [tree.Memo.LENGTHS, 300])
+@pytest.mark.parametrize("lengths_kept", [tree.Memo.LENGTHS, 150])
 def test_a_memo_never_changes_what_is_built(monkeypatch: pytest.MonkeyPatch,
                                             lengths_kept: int) -> None:
     """Builds that reuse a memo give exactly the nodes of a build from scratch, through appends,
