@@ -662,3 +662,19 @@ def test_node_ids_do_not_change(monkeypatch: pytest.MonkeyPatch, name: str, cut:
             digest.update(oid.encode())
         assert digest.hexdigest() == want
         assert tree.load(built.root, fetcher(built.objects)) == state
+
+
+@pytest.mark.parametrize("count", [40, 52])
+def test_a_chat_of_16_items_or_more_loads_from_its_closed_regions(
+        monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """A list of 16 to 63 items over ~16 KB (a conversation of a few dozen messages) is cut in
+    two tiers as a longer one is: its closed regions are one leaf each, so a cold read fetches
+    well under half the nodes of the one-leaf-a-message cut (main before session 16: the two
+    tiers from 64 items on, so the two builds here were the same)."""
+    items = [message(i, 800) for i in range(count)]
+    state = {"messages": items, "step": count}
+    now = tree.build(state)
+    assert tree.load(now.root, lambda ids: {i: now.objects[i] for i in ids}) == state
+    monkeypatch.setattr(tree, "LONG_LIST", 64)
+    before = tree.build(state)
+    assert len(now.objects) * 2 < len(before.objects), (len(now.objects), len(before.objects))
