@@ -20,18 +20,27 @@ from cas_checkpoint.format import pack as packfile
 from cas_checkpoint.format.heads import Head
 from cas_checkpoint.format.objects import Record, object_id
 from cas_checkpoint.format.pack import Zstd
+from cas_checkpoint.tree import build as tree
 from tests._hostile import plant_lying_pack
 
 
 def _chat(path: str, saves: int = 120) -> list[str]:
     """A chat of ``saves`` saves (every message kept), a pack flushed every save: its newest
-    state names nodes written all along the thread, spread through merged packs."""
-    store = CheckpointStore.open(path)
-    store.refs.inline_max = 1
-    messages: list[str] = []
-    for i in range(saves):
-        messages = messages + [f"message {i}: " + "lorem ipsum dolor " * 40]
-        store.save("t", {"messages": messages, "step": i})
+    state names nodes written all along the thread, spread through merged packs. (Cut as
+    when these tests were written, one leaf a message up to 64 of them: the pack reads they
+    look at need the packs that cut makes, a body of 64 KB or more among them; a reader
+    joins any cut.)"""
+    was = tree.LONG_LIST
+    tree.LONG_LIST = 64
+    try:
+        store = CheckpointStore.open(path)
+        store.refs.inline_max = 1
+        messages: list[str] = []
+        for i in range(saves):
+            messages = messages + [f"message {i}: " + "lorem ipsum dolor " * 40]
+            store.save("t", {"messages": messages, "step": i})
+    finally:
+        tree.LONG_LIST = was
     return messages
 
 
